@@ -1,0 +1,61 @@
+//! The control-plane HTTP API. This part serves operations endpoints: `GET /healthz`
+//! (liveness plus policy status) and `GET /metrics` (Prometheus text format).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+
+use crate::identity::IdentityRegistry;
+use crate::policy::PolicyEngine;
+
+#[derive(Clone)]
+pub struct ApiState {
+    pub policy: Arc<PolicyEngine>,
+    pub identities: Arc<IdentityRegistry>,
+    pub metrics: PrometheusHandle,
+}
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// `status` is `ok`, or `degraded` when the newest policy files failed to load and the
+/// previous generation is still serving (decisions are still made, so this stays 200).
+async fn healthz(State(state): State<ApiState>) -> Response {
+    let policy = state.policy.status();
+    let status = if policy.last_error.is_some() {
+        "degraded"
+    } else {
+        "ok"
+    };
+    Json(json!({
+        "status": status,
+        "version": env!("CARGO_PKG_VERSION"),
+        "policy": policy,
+        "identities": state.identities.len(),
+    }))
+    .into_response()
+}
+
+async fn metrics(State(state): State<ApiState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    crate::error::ErrorReply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+        .to_response::<axum::body::Body>()
+}

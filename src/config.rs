@@ -1,0 +1,375 @@
+//! `sandgate.toml`: every key has a default, so an empty file (or none) runs the embedded
+//! defaults. Unknown keys are rejected rather than ignored, because a misspelt security
+//! setting that silently falls back to a default is worse than a refusal to start.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
+
+impl ConfigError {
+    fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The egress proxy that sandboxes reach through `HTTP_PROXY`/`HTTPS_PROXY`.
+    pub proxy: ProxyConfig,
+    /// The control-plane HTTP API (health, metrics, and later sandboxes).
+    pub api: ApiConfig,
+    /// The interception CA and the roots trusted for upstream servers.
+    pub tls: TlsConfig,
+    /// Name resolution for upstream destinations.
+    pub dns: DnsConfig,
+    /// Egress rules that are not Rego: the private-address guard and static identities.
+    pub egress: EgressConfig,
+    /// Where the Rego policies live and how they are reloaded.
+    pub policy: PolicyConfig,
+    /// Diagnostic logs and the decision log.
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Address the egress proxy listens on.
+    pub listen: SocketAddr,
+    /// Concurrent client connections; beyond this new connections are shed with 503.
+    pub max_connections: usize,
+    /// Largest request head (request line plus headers) accepted from a sandbox, in bytes.
+    pub max_header_bytes: usize,
+    /// Seconds a client may take to send a complete request head.
+    pub header_read_timeout_secs: u64,
+    /// Seconds a connection may sit without any traffic before it is closed.
+    pub idle_timeout_secs: u64,
+    /// Upper bound on the lifetime of one CONNECT tunnel, in seconds.
+    pub tunnel_max_secs: u64,
+    /// Seconds allowed to open a TCP connection to an upstream.
+    pub connect_timeout_secs: u64,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 3128)),
+            max_connections: 4096,
+            max_header_bytes: 64 * 1024,
+            header_read_timeout_secs: 10,
+            idle_timeout_secs: 300,
+            tunnel_max_secs: 6 * 3600,
+            connect_timeout_secs: 10,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Address the API listens on (`/healthz`, `/metrics`).
+    pub listen: SocketAddr,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// Directory of the interception CA (`ca.pem`, `ca.key`); generated on first start.
+    pub ca_dir: PathBuf,
+    /// Extra PEM files of roots trusted for upstream servers, added to the public web roots.
+    pub upstream_ca_files: Vec<PathBuf>,
+    /// Validity of minted leaf certificates, in hours.
+    pub leaf_validity_hours: u64,
+    /// How many minted leaf certificates are kept.
+    pub leaf_cache_capacity: usize,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            ca_dir: PathBuf::from("certs"),
+            upstream_ca_files: Vec::new(),
+            leaf_validity_hours: 24,
+            leaf_cache_capacity: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DnsConfig {
+    /// Name → IP overrides consulted before the system resolver (like `/etc/hosts`).
+    pub hosts: BTreeMap<String, IpAddr>,
+    /// Seconds a vetted resolution is reused, so a request and its connection see one answer.
+    pub cache_ttl_secs: u64,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        DnsConfig {
+            hosts: BTreeMap::new(),
+            cache_ttl_secs: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressConfig {
+    /// CIDRs exempt from the private-address guard (e.g. an internal API's range).
+    pub allow_private: Vec<IpNet>,
+    /// Statically registered sandboxes (managed outside sandgate, or for tests).
+    pub identities: Vec<IdentityConfig>,
+}
+
+/// One statically registered egress identity: `HTTP_PROXY=http://<id>:<token>@host:port`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityConfig {
+    /// The sandbox id, the user part of the proxy URL.
+    pub id: String,
+    /// The proxy password. Prefer `token_env` so the file holds no secret.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Name of an environment variable holding the token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// Workspace the sandbox belongs to.
+    pub workspace: String,
+    /// Domains this sandbox may reach: exact names or `*.suffix` wildcards.
+    #[serde(default)]
+    pub allow_domains: Vec<String>,
+    /// Free-form labels, visible to policy as `input.sandbox.labels`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Directory of `.rego` files and `data.json` documents, read recursively.
+    pub dir: PathBuf,
+    /// How often the directory is checked for changes, in milliseconds (0 disables reload).
+    pub reload_interval_ms: u64,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            dir: PathBuf::from("policies"),
+            reload_interval_ms: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Where decision records go: `stdout`, `stderr`, `off`, or a file path (appended).
+    pub decisions: String,
+    /// Diagnostic log format on stderr: `text` or `json`.
+    pub format: String,
+    /// Diagnostic log filter (`RUST_LOG` syntax); the `RUST_LOG` variable wins when set.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            decisions: "stdout".into(),
+            format: "text".into(),
+            level: "info".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file; `None` means the embedded defaults.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let Some(path) = path else {
+            let config = Config::default();
+            config.validate()?;
+            return Ok(config);
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_toml(&text)
+    }
+
+    /// Parses TOML text. Errors name the offending key as a dotted path.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let de = toml::Deserializer::parse(text)
+            .map_err(|e| ConfigError::invalid("<file>", e.message().to_string()))?;
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let message = e.inner().message().to_string();
+            // An unknown key is reported by its parent's path; add the key itself.
+            let key = match unknown_field_name(&message) {
+                Some(field) if key == "." => field,
+                Some(field) => format!("{key}.{field}"),
+                None => key,
+            };
+            ConfigError::invalid(key, message)
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.proxy.max_connections == 0 {
+            return Err(ConfigError::invalid(
+                "proxy.max_connections",
+                "must be at least 1",
+            ));
+        }
+        if self.proxy.max_header_bytes < 1024 {
+            return Err(ConfigError::invalid(
+                "proxy.max_header_bytes",
+                "must be at least 1024",
+            ));
+        }
+        if self.tls.leaf_validity_hours == 0 || self.tls.leaf_validity_hours > 24 * 90 {
+            return Err(ConfigError::invalid(
+                "tls.leaf_validity_hours",
+                "must be between 1 and 2160",
+            ));
+        }
+        if !["stdout", "stderr", "off"].contains(&self.log.decisions.as_str())
+            && self.log.decisions.trim().is_empty()
+        {
+            return Err(ConfigError::invalid("log.decisions", "must not be empty"));
+        }
+        if !["text", "json"].contains(&self.log.format.as_str()) {
+            return Err(ConfigError::invalid(
+                "log.format",
+                format!(
+                    "unknown format {:?}; expected text or json",
+                    self.log.format
+                ),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, identity) in self.egress.identities.iter().enumerate() {
+            let key = |field: &str| format!("egress.identities[{i}].{field}");
+            if identity.id.is_empty() || identity.id.contains(':') {
+                return Err(ConfigError::invalid(
+                    key("id"),
+                    "must be non-empty and contain no ':'",
+                ));
+            }
+            if !seen.insert(identity.id.as_str()) {
+                return Err(ConfigError::invalid(
+                    key("id"),
+                    format!("duplicate identity {:?}", identity.id),
+                ));
+            }
+            match (&identity.token, &identity.token_env) {
+                (Some(_), Some(_)) => {
+                    return Err(ConfigError::invalid(
+                        key("token"),
+                        "set either token or token_env, not both",
+                    ))
+                }
+                (None, None) => {
+                    return Err(ConfigError::invalid(
+                        key("token"),
+                        "one of token or token_env is required",
+                    ))
+                }
+                (Some(t), None) if t.len() < 8 => {
+                    return Err(ConfigError::invalid(
+                        key("token"),
+                        "must be at least 8 characters",
+                    ))
+                }
+                _ => {}
+            }
+            for (j, domain) in identity.allow_domains.iter().enumerate() {
+                if let Err(message) = crate::domain::validate_pattern(domain) {
+                    return Err(ConfigError::invalid(
+                        key(&format!("allow_domains[{j}]")),
+                        message,
+                    ));
+                }
+            }
+        }
+        for (name, _) in self.dns.hosts.iter() {
+            if name.is_empty() || name.contains(['/', ':', ' ']) {
+                return Err(ConfigError::invalid(
+                    format!("dns.hosts.{name}"),
+                    "not a host name",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn unknown_field_name(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown field `")?;
+    Some(rest.split('`').next()?.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_embedded_defaults() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.proxy.listen.to_string(), "127.0.0.1:3128");
+        assert_eq!(c.api.listen.to_string(), "127.0.0.1:7070");
+        assert_eq!(c.tls.ca_dir, PathBuf::from("certs"));
+        assert_eq!(c.policy.dir, PathBuf::from("policies"));
+    }
+
+    #[test]
+    fn unknown_key_is_named_with_its_path() {
+        let err = Config::from_toml("[proxy]\nlistn = \"127.0.0.1:1\"\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("proxy.listn"), "{text}");
+    }
+
+    #[test]
+    fn invalid_value_is_named_with_its_path() {
+        let err = Config::from_toml("[egress]\nallow_private = [\"10.0.0.0/33\"]\n").unwrap_err();
+        assert!(err.to_string().contains("egress.allow_private"), "{err}");
+        let err = Config::from_toml(
+            "[[egress.identities]]\nid = \"a\"\ntoken = \"abcdefgh\"\nworkspace = \"w\"\nallow_domains = [\"a.*.com\"]\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("egress.identities[0].allow_domains[0]"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,198 @@
+//! Inside a CONNECT tunnel: pass it opaquely (only when policy said `tunnel`), or sniff the
+//! first bytes and terminate TLS / serve plain HTTP so every request is checked.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio_rustls::LazyConfigAcceptor;
+
+use super::forward::{self, Outcome, Target};
+use super::io::PrefixedIo;
+use super::EgressState;
+use crate::error::ErrorReply;
+
+pub(crate) async fn run(
+    state: Arc<EgressState>,
+    target: Arc<Target>,
+    ips: Arc<[IpAddr]>,
+    action: String,
+    upgraded: Upgraded,
+) {
+    metrics::gauge!("sandgate_proxy_tunnels_active").increment(1.0);
+    let max = Duration::from_secs(state.config.tunnel_max_secs);
+    let io = TokioIo::new(upgraded);
+    let result = tokio::time::timeout(max, async {
+        if action == "tunnel" {
+            opaque(&state, &target, &ips, io).await
+        } else {
+            inspect(state.clone(), target.clone(), ips, io).await
+        }
+    })
+    .await;
+    if result.is_err() {
+        tracing::debug!(host = %target.host, "tunnel reached its maximum lifetime");
+    }
+    metrics::gauge!("sandgate_proxy_tunnels_active").decrement(1.0);
+}
+
+async fn opaque(state: &EgressState, target: &Target, ips: &[IpAddr], mut io: TokioIo<Upgraded>) {
+    let connect_timeout = Duration::from_secs(state.config.connect_timeout_secs);
+    for ip in ips {
+        let addr = SocketAddr::new(*ip, target.port);
+        match tokio::time::timeout(connect_timeout, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(mut upstream)) => {
+                let _ = upstream.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut io, &mut upstream).await;
+                return;
+            }
+            _ => continue,
+        }
+    }
+    tracing::debug!(host = %target.host, "opaque tunnel: no address accepted the connection");
+}
+
+async fn inspect(
+    state: Arc<EgressState>,
+    target: Arc<Target>,
+    ips: Arc<[IpAddr]>,
+    mut io: TokioIo<Upgraded>,
+) {
+    let started = Instant::now();
+    let mut first = vec![0u8; 4096];
+    let wait = Duration::from_secs(state.config.header_read_timeout_secs);
+    let n = match tokio::time::timeout(wait, io.read(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => n,
+        _ => return,
+    };
+    first.truncate(n);
+    let looks_http = first[0].is_ascii_uppercase() || first.starts_with(b"PRI * HTTP/2");
+    let tls = first[0] == 0x16;
+    let io = PrefixedIo::new(Bytes::from(first), io);
+    if tls {
+        intercept_tls(state, target, ips, io, started).await;
+    } else if looks_http {
+        serve_http(state, target, ips, io, "http", None).await;
+    } else {
+        let error = ErrorReply::new(
+            http::StatusCode::FORBIDDEN,
+            "tunnel_refused",
+            "the tunnel carries neither TLS nor HTTP; only a policy `tunnel` action lets it through",
+        );
+        let mut outcome = Outcome::new("tunnel", "tcp", "CONNECT", None);
+        outcome.ip = Some(ips[0]);
+        outcome.generation = state.policy.generation();
+        outcome.deny(&error, vec![error.message.clone()]);
+        forward::record(&state, &target, outcome, started);
+    }
+}
+
+async fn intercept_tls<T>(
+    state: Arc<EgressState>,
+    target: Arc<Target>,
+    ips: Arc<[IpAddr]>,
+    io: T,
+    started: Instant,
+) where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let wait = Duration::from_secs(state.config.header_read_timeout_secs);
+    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+    let start = match tokio::time::timeout(wait, acceptor).await {
+        Ok(Ok(start)) => start,
+        _ => return,
+    };
+    let sni = start
+        .client_hello()
+        .server_name()
+        .map(crate::domain::normalize_host);
+    let config = match sni {
+        Some(name) if name == target.host => state.tls_server.clone(),
+        Some(name) => {
+            let error = ErrorReply::new(
+                http::StatusCode::MISDIRECTED_REQUEST,
+                "misdirected_request",
+                format!(
+                    "TLS server name {name:?} does not match the CONNECT host {:?}",
+                    target.host
+                ),
+            );
+            let mut outcome = Outcome::new("tls", "tls", "CONNECT", None);
+            outcome.generation = state.policy.generation();
+            outcome.deny(&error, vec![error.message.clone()]);
+            forward::record(&state, &target, outcome, started);
+            return;
+        }
+        // No SNI (IP-literal destinations): the CONNECT authority names the certificate.
+        None => match state
+            .minter
+            .leaf_for(&target.host)
+            .ok()
+            .and_then(|key| crate::tls::fixed_server_config(key).ok())
+        {
+            Some(config) => config,
+            None => return,
+        },
+    };
+    let tls = match tokio::time::timeout(wait, start.into_stream(config)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::debug!(host = %target.host, error = %e, "TLS handshake with the sandbox failed");
+            return;
+        }
+        Err(_) => return,
+    };
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    serve_http(state, target, ips, tls, "https", Some(h2)).await;
+}
+
+/// Serves requests on a terminated tunnel. `alpn_h2` is what TLS negotiated; `None` (plain
+/// HTTP) lets the server detect an h2 prior-knowledge preface itself.
+async fn serve_http<T>(
+    state: Arc<EgressState>,
+    target: Arc<Target>,
+    ips: Arc<[IpAddr]>,
+    io: T,
+    scheme: &'static str,
+    alpn_h2: Option<bool>,
+) where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(state.config.header_read_timeout_secs))
+        .max_buf_size(state.config.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(state.config.max_header_bytes as u32)
+        .max_concurrent_streams(256);
+    let builder = match alpn_h2 {
+        Some(true) => builder.http2_only(),
+        Some(false) => builder.http1_only(),
+        None => builder,
+    };
+    let service = hyper::service::service_fn(move |req| {
+        let state = state.clone();
+        let target = target.clone();
+        let ips = ips.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(
+                forward::handle(state, target, scheme, Some(ips), req).await,
+            )
+        }
+    });
+    if let Err(e) = builder
+        .serve_connection_with_upgrades(TokioIo::new(io), service)
+        .await
+    {
+        tracing::debug!(error = %e, "intercepted connection ended with an error");
+    }
+}

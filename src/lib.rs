@@ -1,0 +1,19 @@
+//! sandgate: a policy-first gateway for sandboxes.
+//!
+//! This crate holds the gateway's parts, kept apart by concern: `egress` (the proxy
+//! protocol), `policy` (Rego), `tls` and `net` (interception CA, upstream trust, address
+//! vetting), `identity`, `api`, and `server`, which wires them into one process. The
+//! placement router is its own crate, `sandgate-router`.
+
+pub mod api;
+pub mod config;
+pub mod decision_log;
+pub mod domain;
+pub mod egress;
+pub mod error;
+pub mod identity;
+pub mod net;
+pub mod policy;
+pub mod server;
+pub mod telemetry;
+pub mod tls;

@@ -1,0 +1,472 @@
+//! Rego policy (regorus): loading, generations, hot reload and evaluation.
+//!
+//! Contract:
+//! - Every `.rego` file (except `*_test.rego`) and every `data.json` under the policy
+//!   directory is loaded; a `data.json` in `a/b/` is mounted at `data.a.b` (OPA's bundle
+//!   layout).
+//! - Each layer is one package, `sandgate.<layer>`. Its decision is `allow` (default false),
+//!   a set `deny` of reason strings, and, for egress, an `action` (`inspect` or `tunnel`).
+//!   An operation proceeds only when `allow` is true and `deny` is empty. A layer with no
+//!   package loaded denies (default deny).
+//! - A loaded set of files is a *generation* with a number. A reload that fails to parse or
+//!   compile never replaces the last good generation; the error is kept for `/healthz`.
+//! - An evaluation error denies.
+//! - The compiled generation is shared; each worker thread keeps its own clone of the
+//!   engine (regorus evaluation takes `&mut self`), refreshed when the generation changes,
+//!   so nothing is parsed on the request path.
+
+pub mod input;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use regorus::Value;
+
+/// The layers sandgate knows; each has its package `sandgate.<layer>`.
+pub const LAYERS: &[&str] = &["egress", "credential"];
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PolicyError {
+    #[error("policy directory {dir}: {reason}")]
+    Dir { dir: PathBuf, reason: String },
+    #[error("{file}: {reason}")]
+    File { file: String, reason: String },
+    #[error("policy does not compile: {0}")]
+    Compile(String),
+}
+
+/// A layer's verdict.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// True only when the layer allowed and denied nothing.
+    pub allowed: bool,
+    /// Deny reasons; when refused with none given, a default-deny reason.
+    pub reasons: Vec<String>,
+    /// The egress action (`inspect` unless the policy says otherwise).
+    pub action: String,
+    pub generation: u64,
+    pub eval_time: Duration,
+}
+
+struct Generation {
+    number: u64,
+    files: Vec<String>,
+    fingerprint: Vec<(String, u64, SystemTime)>,
+    engine: regorus::Engine,
+    present_layers: Vec<&'static str>,
+}
+
+/// What `/healthz` and the API report about policy.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PolicyStatus {
+    pub generation: u64,
+    pub files: Vec<String>,
+    pub last_error: Option<String>,
+    pub loaded_at_unix: u64,
+}
+
+pub struct PolicyEngine {
+    dir: PathBuf,
+    /// Distinguishes engines in one process (tests run several) in the thread-local cache.
+    instance: u64,
+    current: RwLock<Arc<Generation>>,
+    last_error: RwLock<Option<String>>,
+    /// Fingerprint of files that failed to load, so they are not recompiled every tick.
+    rejected: RwLock<Option<Vec<(String, u64, SystemTime)>>>,
+    loaded_at: RwLock<SystemTime>,
+    next_generation: AtomicU64,
+}
+
+impl std::fmt::Debug for PolicyEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyEngine")
+            .field("dir", &self.dir)
+            .field("generation", &self.generation())
+            .finish()
+    }
+}
+
+static INSTANCES: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static WORKER_ENGINES: RefCell<HashMap<u64, (u64, regorus::Engine)>> = RefCell::new(HashMap::new());
+}
+
+impl PolicyEngine {
+    /// Loads the directory; an error here is a startup error (there is no last good policy).
+    pub fn load(dir: &Path) -> Result<PolicyEngine, PolicyError> {
+        let generation = build_generation(dir, 1)?;
+        Ok(PolicyEngine {
+            dir: dir.to_path_buf(),
+            instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
+            current: RwLock::new(Arc::new(generation)),
+            last_error: RwLock::new(None),
+            rejected: RwLock::new(None),
+            loaded_at: RwLock::new(SystemTime::now()),
+            next_generation: AtomicU64::new(2),
+        })
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.current().number
+    }
+
+    fn current(&self) -> Arc<Generation> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn status(&self) -> PolicyStatus {
+        let current = self.current();
+        PolicyStatus {
+            generation: current.number,
+            files: current.files.clone(),
+            last_error: self
+                .last_error
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            loaded_at_unix: self
+                .loaded_at
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        }
+    }
+
+    /// Reloads when the files changed. Returns the new generation number when one loaded.
+    /// A failure is recorded and logged; the last good generation keeps serving.
+    pub fn reload_if_changed(&self) -> Option<u64> {
+        let current = self.current();
+        let fingerprint = match fingerprint(&self.dir) {
+            Ok(f) => f,
+            Err(e) => {
+                self.record_failure(e);
+                return None;
+            }
+        };
+        if fingerprint == current.fingerprint {
+            return None;
+        }
+        if self
+            .rejected
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            == Some(&fingerprint)
+        {
+            return None;
+        }
+        let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        match build_generation(&self.dir, number) {
+            Ok(generation) => {
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(generation);
+                *self.last_error.write().unwrap_or_else(|e| e.into_inner()) = None;
+                *self.loaded_at.write().unwrap_or_else(|e| e.into_inner()) = SystemTime::now();
+                metrics::counter!("sandgate_policy_reloads_total", "outcome" => "loaded")
+                    .increment(1);
+                tracing::info!(generation = number, "policy reloaded");
+                Some(number)
+            }
+            Err(e) => {
+                *self.rejected.write().unwrap_or_else(|e| e.into_inner()) = Some(fingerprint);
+                self.record_failure(e);
+                None
+            }
+        }
+    }
+
+    fn record_failure(&self, e: PolicyError) {
+        let text = e.to_string();
+        let mut last = self.last_error.write().unwrap_or_else(|e| e.into_inner());
+        if last.as_deref() != Some(text.as_str()) {
+            metrics::counter!("sandgate_policy_reloads_total", "outcome" => "rejected")
+                .increment(1);
+            tracing::error!(error = %text, "policy reload rejected; the last good policy keeps serving");
+        }
+        *last = Some(text);
+    }
+
+    /// Polls the directory every `interval` until the returned task is dropped/aborted.
+    pub fn spawn_reloader(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
+        let engine = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                let _ = tokio::task::spawn_blocking(move || engine.reload_if_changed()).await;
+            }
+        })
+    }
+
+    /// Evaluates one layer for `input`.
+    pub fn evaluate(&self, layer: &'static str, input: Value) -> Decision {
+        let started = Instant::now();
+        let generation = self.current();
+        if !generation.present_layers.contains(&layer) {
+            return Decision {
+                allowed: false,
+                reasons: vec![format!(
+                    "no policy is loaded for layer {layer} (default deny)"
+                )],
+                action: "inspect".into(),
+                generation: generation.number,
+                eval_time: started.elapsed(),
+            };
+        }
+        let result = WORKER_ENGINES.with(|cell| {
+            let mut engines = cell.borrow_mut();
+            let slot = engines
+                .entry(self.instance)
+                .or_insert_with(|| (generation.number, generation.engine.clone()));
+            if slot.0 != generation.number {
+                *slot = (generation.number, generation.engine.clone());
+            }
+            let engine = &mut slot.1;
+            engine.set_input(input);
+            engine.eval_rule(format!("data.sandgate_internal.{layer}.decision"))
+        });
+        let eval_time = started.elapsed();
+        metrics::histogram!("sandgate_policy_eval_seconds", "layer" => layer)
+            .record(eval_time.as_secs_f64());
+        match result {
+            Ok(value) => {
+                let mut decision = read_decision(&value);
+                decision.generation = generation.number;
+                decision.eval_time = eval_time;
+                decision
+            }
+            Err(e) => {
+                tracing::warn!(layer, error = %e, "policy evaluation failed; denying");
+                metrics::counter!("sandgate_policy_eval_errors_total", "layer" => layer)
+                    .increment(1);
+                Decision {
+                    allowed: false,
+                    reasons: vec![format!("policy evaluation error in layer {layer}")],
+                    action: "inspect".into(),
+                    generation: generation.number,
+                    eval_time,
+                }
+            }
+        }
+    }
+}
+
+fn read_decision(value: &Value) -> Decision {
+    let field = |name: &str| {
+        value
+            .as_object()
+            .ok()
+            .and_then(|o| o.get(&Value::from(name)).cloned())
+    };
+    let allow = field("allow")
+        .and_then(|v| v.as_bool().ok().copied())
+        .unwrap_or(false);
+    let mut reasons: Vec<String> = Vec::new();
+    if let Some(deny) = field("deny") {
+        if let Ok(set) = deny.as_set() {
+            for reason in set.iter() {
+                reasons.push(value_text(reason));
+            }
+        } else if let Ok(array) = deny.as_array() {
+            for reason in array.iter() {
+                reasons.push(value_text(reason));
+            }
+        }
+    }
+    let action = field("action")
+        .and_then(|v| v.as_string().ok().map(|s| s.to_string()))
+        .unwrap_or_else(|| "inspect".into());
+    let allowed = allow && reasons.is_empty();
+    if !allowed && reasons.is_empty() {
+        reasons.push("no rule allowed this (default deny)".into());
+    }
+    Decision {
+        allowed,
+        reasons,
+        action,
+        generation: 0,
+        eval_time: Duration::ZERO,
+    }
+}
+
+fn value_text(v: &Value) -> String {
+    match v.as_string() {
+        Ok(s) => s.to_string(),
+        Err(_) => v.to_json_str().unwrap_or_default(),
+    }
+}
+
+/// The wrapper that turns a layer package into one decision object, so a request costs one
+/// rule evaluation. A layer's policy need not define `deny` or `action`.
+fn decision_module(layer: &str) -> String {
+    format!(
+        r#"package sandgate_internal.{layer}
+import rego.v1
+
+allow := x if {{ x := data.sandgate.{layer}.allow }} else := false
+deny := x if {{ x := data.sandgate.{layer}.deny }} else := set()
+action := x if {{ x := data.sandgate.{layer}.action }} else := "inspect"
+decision := {{"allow": allow, "deny": deny, "action": action}}
+"#
+    )
+}
+
+struct PolicyFiles {
+    rego: Vec<(String, PathBuf)>,
+    data: Vec<(Vec<String>, String, PathBuf)>,
+}
+
+fn walk(dir: &Path) -> Result<PolicyFiles, PolicyError> {
+    let mut files = PolicyFiles {
+        rego: Vec::new(),
+        data: Vec::new(),
+    };
+    let dir_err = |reason: String| PolicyError::Dir {
+        dir: dir.to_path_buf(),
+        reason,
+    };
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(current) = stack.pop() {
+        let entries = std::fs::read_dir(&current)
+            .map_err(|e| dir_err(format!("{}: {e}", current.display())))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| dir_err(e.to_string()))?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let rel = path
+                .strip_prefix(dir)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .into_owned();
+            if path.is_dir() {
+                stack.push(path);
+            } else if name.ends_with(".rego") && !name.ends_with("_test.rego") {
+                files.rego.push((rel, path));
+            } else if name == "data.json" {
+                let mount: Vec<String> = Path::new(&rel)
+                    .parent()
+                    .map(|p| {
+                        p.components()
+                            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                files.data.push((mount, rel, path));
+            }
+        }
+    }
+    files.rego.sort();
+    files.data.sort();
+    Ok(files)
+}
+
+fn fingerprint(dir: &Path) -> Result<Vec<(String, u64, SystemTime)>, PolicyError> {
+    let files = walk(dir)?;
+    let mut out = Vec::new();
+    for (rel, path) in files
+        .rego
+        .iter()
+        .map(|(r, p)| (r, p))
+        .chain(files.data.iter().map(|(_, r, p)| (r, p)))
+    {
+        let meta = std::fs::metadata(path).map_err(|e| PolicyError::File {
+            file: rel.clone(),
+            reason: e.to_string(),
+        })?;
+        out.push((
+            rel.clone(),
+            meta.len(),
+            meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+        ));
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn build_generation(dir: &Path, number: u64) -> Result<Generation, PolicyError> {
+    // Fingerprint first: a file edited while we read it is then seen as changed next time.
+    let fingerprint = fingerprint(dir)?;
+    let files = walk(dir)?;
+    let mut engine = regorus::Engine::new();
+    engine.set_rego_v0(false);
+    let mut names = Vec::new();
+    for (rel, path) in &files.rego {
+        let text = std::fs::read_to_string(path).map_err(|e| PolicyError::File {
+            file: rel.clone(),
+            reason: e.to_string(),
+        })?;
+        engine
+            .add_policy(rel.clone(), text)
+            .map_err(|e| PolicyError::File {
+                file: rel.clone(),
+                reason: e.to_string(),
+            })?;
+        names.push(rel.clone());
+    }
+    for (mount, rel, path) in &files.data {
+        let text = std::fs::read_to_string(path).map_err(|e| PolicyError::File {
+            file: rel.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut value = Value::from_json_str(&text).map_err(|e| PolicyError::File {
+            file: rel.clone(),
+            reason: e.to_string(),
+        })?;
+        for key in mount.iter().rev() {
+            let mut wrapper = std::collections::BTreeMap::new();
+            wrapper.insert(Value::from(key.as_str()), value);
+            value = Value::from(wrapper);
+        }
+        engine.add_data(value).map_err(|e| PolicyError::File {
+            file: rel.clone(),
+            reason: e.to_string(),
+        })?;
+        names.push(rel.clone());
+    }
+    let packages = engine
+        .get_packages()
+        .map_err(|e| PolicyError::Compile(e.to_string()))?;
+    let mut present_layers = Vec::new();
+    for layer in LAYERS {
+        if packages
+            .iter()
+            .any(|p| p == &format!("data.sandgate.{layer}"))
+        {
+            engine
+                .add_policy(format!("<sandgate:{layer}>"), decision_module(layer))
+                .map_err(|e| PolicyError::Compile(e.to_string()))?;
+            present_layers.push(*layer);
+        }
+    }
+    // Evaluate each layer once so errors that only surface at evaluation time (unsafe
+    // variables, conflicting rules, unknown functions) reject the generation now.
+    for layer in &present_layers {
+        engine.set_input(Value::new_object());
+        engine
+            .eval_rule(format!("data.sandgate_internal.{layer}.decision"))
+            .map_err(|e| PolicyError::Compile(e.to_string()))?;
+    }
+    Ok(Generation {
+        number,
+        files: names,
+        fingerprint,
+        engine,
+        present_layers,
+    })
+}

@@ -1,0 +1,201 @@
+//! Wires the configuration into a running gateway: CA, policy, identities, listeners, the
+//! egress proxy and the API. Tests start it in-process with port 0 listeners.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::decision_log::{DecisionLog, Sink};
+use crate::egress::EgressState;
+use crate::identity::IdentityRegistry;
+use crate::net::{AddressGuard, Resolver};
+use crate::policy::PolicyEngine;
+use crate::tls::{CaOrigin, CertAuthority, LeafMinter};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Ca(#[from] crate::tls::ca::CaError),
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsSetupError),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("decision log: {0}")]
+    DecisionLog(std::io::Error),
+    #[error("writing the bundled policies to {dir}: {source}")]
+    BundledPolicies {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The policies shipped inside the binary, written out when the policy directory does not
+/// exist yet, so `sandgate serve` works from any directory and the files stay editable.
+pub const BUNDLED_POLICIES: &[(&str, &str)] = &[
+    ("egress.rego", include_str!("../policies/egress.rego")),
+    (
+        "egress_test.rego",
+        include_str!("../policies/egress_test.rego"),
+    ),
+];
+
+pub struct Server {
+    proxy_addr: SocketAddr,
+    api_addr: SocketAddr,
+    ca_cert_path: PathBuf,
+    pub egress: Arc<EgressState>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    pub async fn start(config: Config) -> Result<Server, StartError> {
+        crate::tls::install_default_provider();
+        let metrics = crate::telemetry::metrics_handle();
+
+        let (ca, origin) = CertAuthority::load_or_generate(&config.tls.ca_dir)?;
+        match origin {
+            CaOrigin::Generated => tracing::info!(
+                path = %ca.cert_path().display(),
+                "generated a new interception CA; sandboxes must trust this certificate"
+            ),
+            CaOrigin::Loaded => {
+                tracing::info!(path = %ca.cert_path().display(), "loaded interception CA")
+            }
+        }
+        let ca_cert_path = ca.cert_path();
+        let ca = Arc::new(ca);
+
+        ensure_policy_dir(&config.policy.dir)?;
+        let policy = Arc::new(PolicyEngine::load(&config.policy.dir)?);
+        tracing::info!(dir = %config.policy.dir.display(), files = ?policy.status().files, "policy loaded");
+        let identities = Arc::new(IdentityRegistry::from_config(&config.egress.identities)?);
+
+        let proxy_listener = bind("proxy", config.proxy.listen).await?;
+        let api_listener = bind("api", config.api.listen).await?;
+        let proxy_addr = proxy_listener
+            .local_addr()
+            .map_err(|source| StartError::Bind {
+                what: "proxy",
+                addr: config.proxy.listen,
+                source,
+            })?;
+        let api_addr = api_listener
+            .local_addr()
+            .map_err(|source| StartError::Bind {
+                what: "api",
+                addr: config.api.listen,
+                source,
+            })?;
+
+        let guard = AddressGuard::new(
+            config.egress.allow_private.clone(),
+            vec![proxy_addr, api_addr],
+        );
+        let resolver = Arc::new(Resolver::new(
+            config.dns.hosts.clone(),
+            guard,
+            Duration::from_secs(config.dns.cache_ttl_secs),
+        ));
+        let minter = Arc::new(LeafMinter::new(
+            ca,
+            Duration::from_secs(config.tls.leaf_validity_hours * 3600),
+            config.tls.leaf_cache_capacity,
+        ));
+        let upstream_tls = crate::tls::upstream_client_config(&config.tls.upstream_ca_files)?;
+        let log = DecisionLog::start(Sink::parse(&config.log.decisions))
+            .map_err(StartError::DecisionLog)?;
+        let egress = Arc::new(EgressState::new(
+            config.proxy.clone(),
+            identities.clone(),
+            policy.clone(),
+            resolver,
+            minter,
+            upstream_tls,
+            log,
+        )?);
+
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(crate::egress::serve(
+            proxy_listener,
+            egress.clone(),
+        )));
+        let app = crate::api::router(crate::api::ApiState {
+            policy: policy.clone(),
+            identities,
+            metrics,
+        });
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(api_listener, app).await {
+                tracing::error!(error = %e, "API server stopped");
+            }
+        }));
+        if config.policy.reload_interval_ms > 0 {
+            tasks.push(
+                policy.spawn_reloader(Duration::from_millis(config.policy.reload_interval_ms)),
+            );
+        }
+        tracing::info!(proxy = %proxy_addr, api = %api_addr, "sandgate is serving");
+        Ok(Server {
+            proxy_addr,
+            api_addr,
+            ca_cert_path,
+            egress,
+            tasks,
+        })
+    }
+
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_addr
+    }
+
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api_addr
+    }
+
+    /// The CA certificate sandboxes must trust.
+    pub fn ca_cert_path(&self) -> &Path {
+        &self.ca_cert_path
+    }
+
+    /// Stops accepting; in-flight tunnels end with the runtime.
+    pub fn shutdown(self) {
+        for task in self.tasks {
+            task.abort();
+        }
+    }
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { what, addr, source })
+}
+
+fn ensure_policy_dir(dir: &Path) -> Result<(), StartError> {
+    if dir.exists() {
+        return Ok(());
+    }
+    let err = |source| StartError::BundledPolicies {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    for (name, text) in BUNDLED_POLICIES {
+        std::fs::write(dir.join(name), text).map_err(err)?;
+    }
+    tracing::info!(dir = %dir.display(), "policy directory did not exist; wrote the bundled policies");
+    Ok(())
+}

@@ -1,0 +1,487 @@
+//! Shared fixtures for integration tests: a test CA and HTTPS/HTTP/TCP origins on real
+//! sockets, and an in-process gateway configured to reach them.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use sandgate::config::Config;
+use sandgate::server::Server;
+
+pub const TOKEN: &str = "tok-0123456789abcdef";
+
+pub fn init() {
+    sandgate::tls::install_default_provider();
+}
+
+/// A CA for test origins, generated per run (never committed).
+pub struct TestCa {
+    pub dir: tempfile::TempDir,
+    pub pem_path: PathBuf,
+    issuer: Issuer<'static, KeyPair>,
+    pub der: CertificateDer<'static>,
+}
+
+impl TestCa {
+    pub fn new() -> TestCa {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "sandgate test origin CA");
+        let cert = params.self_signed(&key).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let pem_path = dir.path().join("origin-ca.pem");
+        std::fs::write(&pem_path, cert.pem()).unwrap();
+        let der = cert.der().clone();
+        TestCa {
+            dir,
+            pem_path,
+            issuer: Issuer::new(params, key),
+            der,
+        }
+    }
+
+    pub fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.subject_alt_names = names
+            .iter()
+            .map(|n| match n.parse() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName((*n).try_into().unwrap()),
+            })
+            .collect();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let mut config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone(), self.der.clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Arc::new(config)
+    }
+}
+
+/// What an origin saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub version: String,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// An HTTP origin (TLS or plain) that echoes what it received and records every request.
+pub struct Origin {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    pub connections: Arc<AtomicUsize>,
+}
+
+impl Origin {
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+    pub fn last(&self) -> Option<Seen> {
+        self.seen.lock().unwrap().last().cloned()
+    }
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+}
+
+pub async fn start_origin(tls: Option<Arc<rustls::ServerConfig>>) -> Origin {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let connections: Arc<AtomicUsize> = Arc::default();
+    let (seen2, conns2) = (seen.clone(), connections.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            conns2.fetch_add(1, Ordering::SeqCst);
+            let seen = seen2.clone();
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let seen = seen.clone();
+                    async move { Ok::<_, Infallible>(origin_handle(seen, req).await) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                match tls {
+                    Some(config) => {
+                        let Ok(stream) =
+                            tokio_rustls::TlsAcceptor::from(config).accept(stream).await
+                        else {
+                            return;
+                        };
+                        let _ = builder
+                            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                            .await;
+                    }
+                    None => {
+                        let _ = builder
+                            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                            .await;
+                    }
+                }
+            });
+        }
+    });
+    Origin {
+        addr,
+        seen,
+        connections,
+    }
+}
+
+type OriginBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn origin_handle(
+    seen: Arc<Mutex<Vec<Seen>>>,
+    mut req: Request<Incoming>,
+) -> Response<OriginBody> {
+    let record = Seen {
+        method: req.method().to_string(),
+        path: req
+            .uri()
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+        version: format!("{:?}", req.version()),
+        headers: req
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+    };
+    seen.lock().unwrap().push(record.clone());
+    let path = req.uri().path().to_string();
+    if path == "/ws" {
+        let key = req
+            .headers()
+            .get("sec-websocket-key")
+            .map(|k| k.as_bytes().to_vec())
+            .unwrap_or_default();
+        let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(&key);
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                return;
+            };
+            let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                TokioIo::new(upgraded),
+                tokio_tungstenite::tungstenite::protocol::Role::Server,
+                None,
+            )
+            .await;
+            while let Some(Ok(msg)) = ws.next().await {
+                if (msg.is_text() || msg.is_binary()) && ws.send(msg).await.is_err() {
+                    return;
+                }
+            }
+        });
+        return Response::builder()
+            .status(101)
+            .header("upgrade", "websocket")
+            .header("connection", "Upgrade")
+            .header("sec-websocket-accept", accept)
+            .body(Full::new(Bytes::new()).boxed())
+            .unwrap();
+    }
+    if path == "/grpc" {
+        // Read the whole request including its trailers, answer with data then trailers.
+        let collected = req.into_body().collect().await.unwrap();
+        let request_trailer = collected
+            .trailers()
+            .and_then(|t| t.get("x-request-trailer"))
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_else(|| "missing".into());
+        let payload = collected.to_bytes();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        trailers.insert("grpc-message", "ok".parse().unwrap());
+        trailers.insert("x-echo-request-trailer", request_trailer.parse().unwrap());
+        let frames = vec![
+            Ok::<_, Infallible>(Frame::data(payload)),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let body = BodyExt::boxed(StreamBody::new(futures_util::stream::iter(frames)));
+        return Response::builder()
+            .header("content-type", "application/grpc")
+            .body(body)
+            .unwrap();
+    }
+    let json = serde_json::json!({
+        "method": record.method, "path": record.path, "version": record.version,
+        "headers": record.headers,
+    });
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(json.to_string())).boxed())
+        .unwrap()
+}
+
+/// A TCP echo server (for opaque tunnels).
+pub async fn start_tcp_echo() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count: Arc<AtomicUsize> = Arc::default();
+    let c2 = count.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            c2.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                loop {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if stream.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+pub struct IdentitySpec {
+    pub id: &'static str,
+    pub workspace: &'static str,
+    pub allow_domains: Vec<&'static str>,
+}
+
+/// An in-process gateway plus the files it was given.
+pub struct Gateway {
+    pub server: Server,
+    pub dir: tempfile::TempDir,
+    pub policy_dir: PathBuf,
+    pub decision_log: PathBuf,
+    pub sandgate_ca_pem: Vec<u8>,
+}
+
+pub struct GatewayOptions {
+    pub identities: Vec<IdentitySpec>,
+    pub hosts: Vec<(&'static str, &'static str)>,
+    pub upstream_ca: Option<PathBuf>,
+    pub extra_policies: Vec<(&'static str, String)>,
+    pub extra_toml: String,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions {
+            identities: vec![IdentitySpec {
+                id: "sb-a",
+                workspace: "ws-a",
+                allow_domains: vec!["api.a.test", "*.wild.test", "plain.test", "meta.test"],
+            }],
+            hosts: vec![
+                ("api.a.test", "127.0.0.1"),
+                ("api.b.test", "127.0.0.1"),
+                ("x.wild.test", "127.0.0.1"),
+                ("plain.test", "127.0.0.1"),
+                ("meta.test", "169.254.169.254"),
+            ],
+            upstream_ca: None,
+            extra_policies: Vec::new(),
+            extra_toml: String::new(),
+        }
+    }
+}
+
+impl Gateway {
+    pub async fn start(options: GatewayOptions) -> Gateway {
+        init();
+        let dir = tempfile::tempdir().unwrap();
+        let policy_dir = dir.path().join("policies");
+        std::fs::create_dir_all(&policy_dir).unwrap();
+        let repo_policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+        for entry in std::fs::read_dir(&repo_policies).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rego") {
+                std::fs::copy(&path, policy_dir.join(path.file_name().unwrap())).unwrap();
+            }
+        }
+        for (name, text) in &options.extra_policies {
+            std::fs::write(policy_dir.join(name), text).unwrap();
+        }
+        let decision_log = dir.path().join("decisions.jsonl");
+        let mut toml = String::new();
+        toml.push_str("[proxy]\nlisten = \"127.0.0.1:0\"\n");
+        toml.push_str("[api]\nlisten = \"127.0.0.1:0\"\n");
+        toml.push_str(&format!(
+            "[tls]\nca_dir = {:?}\n",
+            dir.path().join("certs").display().to_string()
+        ));
+        if let Some(ca) = &options.upstream_ca {
+            toml.push_str(&format!(
+                "upstream_ca_files = [{:?}]\n",
+                ca.display().to_string()
+            ));
+        }
+        toml.push_str("[dns.hosts]\n");
+        for (name, ip) in &options.hosts {
+            toml.push_str(&format!("{name:?} = {ip:?}\n"));
+        }
+        toml.push_str(&format!(
+            "[policy]\ndir = {:?}\nreload_interval_ms = 100\n",
+            policy_dir.display().to_string()
+        ));
+        toml.push_str(&format!(
+            "[log]\ndecisions = {:?}\n",
+            decision_log.display().to_string()
+        ));
+        toml.push_str(&options.extra_toml);
+        toml.push_str("[egress]\nallow_private = [\"127.0.0.0/8\"]\n");
+        for identity in &options.identities {
+            toml.push_str(&format!(
+                "[[egress.identities]]\nid = {:?}\ntoken = {:?}\nworkspace = {:?}\nallow_domains = {:?}\n",
+                identity.id, TOKEN, identity.workspace, identity.allow_domains
+            ));
+        }
+        let config = Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        let server = Server::start(config).await.unwrap();
+        let sandgate_ca_pem = std::fs::read(server.ca_cert_path()).unwrap();
+        Gateway {
+            server,
+            dir,
+            policy_dir,
+            decision_log,
+            sandgate_ca_pem,
+        }
+    }
+
+    pub fn proxy_url(&self, id: &str, token: &str) -> String {
+        format!("http://{id}:{token}@{}", self.server.proxy_addr())
+    }
+
+    /// A reqwest client that goes through the gateway as sandbox `id`, trusting only the
+    /// gateway's CA (as a sandbox does).
+    pub fn client(&self, id: &str, http1_only: bool) -> reqwest::Client {
+        let mut builder = reqwest::Client::builder()
+            .proxy(reqwest::Proxy::all(self.proxy_url(id, TOKEN)).unwrap())
+            .tls_certs_only([reqwest::Certificate::from_pem(&self.sandgate_ca_pem).unwrap()])
+            .timeout(Duration::from_secs(10));
+        if http1_only {
+            builder = builder.http1_only();
+        }
+        builder.build().unwrap()
+    }
+
+    /// Decision records written so far (waits briefly for the writer thread).
+    pub async fn decisions(&self, min: usize) -> Vec<serde_json::Value> {
+        for _ in 0..100 {
+            let records: Vec<serde_json::Value> = std::fs::read_to_string(&self.decision_log)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            if records.len() >= min {
+                return records;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("fewer than {min} decision records were written");
+    }
+
+    pub fn api(&self, path: &str) -> String {
+        format!("http://{}{path}", self.server.api_addr())
+    }
+}
+
+/// Opens a CONNECT tunnel by hand and returns the raw stream after `200`, or the status
+/// line and body of a refusal.
+pub async fn connect_tunnel(
+    proxy: SocketAddr,
+    authority: &str,
+    auth: Option<(&str, &str)>,
+) -> Result<TcpStream, (u16, String)> {
+    use base64::Engine as _;
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    let mut head = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
+    if let Some((id, token)) = auth {
+        let enc = base64::engine::general_purpose::STANDARD.encode(format!("{id}:{token}"));
+        head.push_str(&format!("Proxy-Authorization: Basic {enc}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        let n = stream.read(&mut byte).await.unwrap();
+        assert!(n > 0, "proxy closed during CONNECT response");
+        buf.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status: u16 = text[9..12].parse().unwrap();
+    if status == 200 {
+        return Ok(stream);
+    }
+    let length = text
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.unwrap();
+    Err((status, format!("{text}{}", String::from_utf8_lossy(&body))))
+}
+
+/// TLS client over a tunnel, trusting `ca_pem`, with the given SNI and ALPN.
+pub async fn tls_over(
+    stream: TcpStream,
+    ca_pem: &[u8],
+    sni: &str,
+    alpn: &[&[u8]],
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut &ca_pem[..]) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    connector
+        .connect(ServerName::try_from(sni.to_string()).unwrap(), stream)
+        .await
+}
