@@ -567,6 +567,82 @@ pub struct Pool {
     pub name_rank: u32,
 }
 
+/// Capability bits of [`Hot::mask`].
+pub(crate) mod bit {
+    pub const ENV_BASE: u32 = 1 << 0;
+    pub const ENV_NODE: u32 = 1 << 1;
+    pub const ENV_PYTHON: u32 = 1 << 2;
+    pub const IMAGE: u32 = 1 << 3;
+    pub const TEMPLATE: u32 = 1 << 4;
+    pub const EXECUTE: u32 = 1 << 5;
+    pub const ORDERED_OUTPUT: u32 = 1 << 6;
+    pub const CANCEL: u32 = 1 << 7;
+    pub const READ: u32 = 1 << 8;
+    pub const WRITE: u32 = 1 << 9;
+    pub const LIST: u32 = 1 << 10;
+    pub const DELETE: u32 = 1 << 11;
+    pub const APPEND: u32 = 1 << 12;
+    pub const MKDIR: u32 = 1 << 13;
+    pub const PUBLIC_PORTS: u32 = 1 << 14;
+    pub const PAUSE_RESUME: u32 = 1 << 15;
+    pub const PTY: u32 = 1 << 16;
+    pub const EGRESS_ENFORCED: u32 = 1 << 17;
+}
+
+pub(crate) const NONE_ID: u32 = u32::MAX;
+
+/// The routing-relevant facts of a pool packed contiguously. Scanning 10,000 `Pool`s chases
+/// pointers into strings, vectors and maps for every pool; this keeps the common rejections to
+/// one cache-friendly pass. It is only a prefilter: the full check still decides.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hot {
+    pub mask: u32,
+    pub iso_set: u32,
+    pub provider: u32,
+    pub region: u32,
+    pub vpc: u32,
+    pub standby: bool,
+    pub cpu: f64,
+    pub memory_mb: u64,
+    pub disk_gb: u64,
+}
+
+fn mask_of(c: &Capabilities) -> u32 {
+    let mut m = 0;
+    for (env, b) in [
+        ("metal/base", bit::ENV_BASE),
+        ("metal/node", bit::ENV_NODE),
+        ("metal/python", bit::ENV_PYTHON),
+    ] {
+        if c.environments.iter().any(|e| e == env) {
+            m |= b;
+        }
+    }
+    let flags = [
+        (c.image, bit::IMAGE),
+        (c.template, bit::TEMPLATE),
+        (c.process.execute, bit::EXECUTE),
+        (c.process.ordered_output, bit::ORDERED_OUTPUT),
+        (c.process.cancel, bit::CANCEL),
+        (c.filesystem.read, bit::READ),
+        (c.filesystem.write, bit::WRITE),
+        (c.filesystem.list, bit::LIST),
+        (c.filesystem.delete, bit::DELETE),
+        (c.filesystem.append, bit::APPEND),
+        (c.filesystem.mkdir, bit::MKDIR),
+        (c.public_ports, bit::PUBLIC_PORTS),
+        (c.pause_resume, bit::PAUSE_RESUME),
+        (c.pty, bit::PTY),
+        (c.egress.enforces(), bit::EGRESS_ENFORCED),
+    ];
+    for (on, b) in flags {
+        if on {
+            m |= b;
+        }
+    }
+    m
+}
+
 /// Validated, indexed configuration. Build once per configuration change and share it; routing
 /// only reads it.
 #[derive(Debug, Clone)]
@@ -578,6 +654,9 @@ pub struct Topology {
     pub(crate) pool_index: HashMap<String, usize>,
     pub(crate) region_index: HashMap<Arc<str>, u32>,
     pub(crate) zone_index: HashMap<Arc<str>, u32>,
+    pub(crate) vpc_index: HashMap<String, u32>,
+    pub(crate) iso_sets: Vec<Vec<IsolationMode>>,
+    pub(crate) hot: Vec<Hot>,
 }
 
 impl RouterConfig {
@@ -891,6 +970,35 @@ impl Topology {
         if !errs.is_empty() {
             return Err(ConfigErrors(errs));
         }
+        let mut vpc_index: HashMap<String, u32> = HashMap::new();
+        let mut iso_index: HashMap<Vec<IsolationMode>, u32> = HashMap::new();
+        let mut iso_sets = Vec::new();
+        let hot = pools
+            .iter()
+            .map(|p| {
+                let iso_set = *iso_index
+                    .entry(p.capabilities.isolation.clone())
+                    .or_insert_with(|| {
+                        iso_sets.push(p.capabilities.isolation.clone());
+                        iso_sets.len() as u32 - 1
+                    });
+                let vpc = p.vpc.as_ref().map_or(NONE_ID, |v| {
+                    let n = vpc_index.len() as u32;
+                    *vpc_index.entry(v.clone()).or_insert(n)
+                });
+                Hot {
+                    mask: mask_of(&p.capabilities),
+                    iso_set,
+                    provider: p.provider as u32,
+                    region: p.region_id.unwrap_or(NONE_ID),
+                    vpc,
+                    standby: p.standby,
+                    cpu: p.resources.cpu.unwrap_or(-1.0),
+                    memory_mb: p.resources.memory_mb.unwrap_or(0),
+                    disk_gb: p.resources.disk_gb.unwrap_or(0),
+                }
+            })
+            .collect();
         Ok(Topology {
             providers,
             accounts,
@@ -899,6 +1007,9 @@ impl Topology {
             pool_index,
             region_index,
             zone_index,
+            vpc_index,
+            iso_sets,
+            hot,
         })
     }
 

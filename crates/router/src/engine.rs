@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::config::{normalize_region, Pool, Topology};
+use crate::config::{bit, normalize_region, Pool, Topology, NONE_ID};
 use crate::context::{Bands, RouteContext};
 use crate::error::{Attempt, NoEligible};
 use crate::request::{Operator, Order, Priority, Request, Source, SpreadMode, TopologyKey};
@@ -171,6 +171,90 @@ struct Plan<'a> {
     anti_preferred: Vec<(i64, Counts)>,
     spread: Vec<(u32, SpreadMode, i64, Counts)>,
     priorities: Vec<Priority>,
+    pre: Prefilter,
+}
+
+/// The request reduced to what [`crate::config::Hot`] can answer.
+struct Prefilter {
+    /// Required capability bits for pools that get the portable baseline, and for those that don't.
+    need_auto: u32,
+    need_explicit: u32,
+    /// Indexed by isolation set; `None` when no isolation is requested.
+    iso_ok: Option<Vec<bool>>,
+    /// Indexed by region id; `None` when any region will do.
+    region_ok: Option<Vec<bool>>,
+    /// `Some(NONE_ID)` when the requested VPC belongs to no pool.
+    vpc: Option<u32>,
+    /// A requirement no pool can meet (unrecognized environment).
+    impossible: bool,
+}
+
+impl Prefilter {
+    fn new(topo: &Topology, req: &Request) -> Prefilter {
+        let f = &req.features;
+        let mut need = 0u32;
+        let mut impossible = false;
+        match &req.source {
+            Some(Source::Environment(e)) => match e.as_str() {
+                "metal/base" => need |= bit::ENV_BASE,
+                "metal/node" => need |= bit::ENV_NODE,
+                "metal/python" => need |= bit::ENV_PYTHON,
+                _ => impossible = true,
+            },
+            Some(Source::Image(_)) => need |= bit::IMAGE,
+            Some(Source::Template(_)) => need |= bit::TEMPLATE,
+            None => {}
+        }
+        let on = |v: Option<bool>, b: u32| if v == Some(true) { b } else { 0 };
+        need |= on(f.process.execute, bit::EXECUTE)
+            | on(f.process.ordered_output, bit::ORDERED_OUTPUT)
+            | on(f.process.cancel, bit::CANCEL)
+            | on(f.filesystem.read, bit::READ)
+            | on(f.filesystem.write, bit::WRITE)
+            | on(f.filesystem.list, bit::LIST)
+            | on(f.filesystem.delete, bit::DELETE)
+            | on(f.filesystem.append, bit::APPEND)
+            | on(f.filesystem.mkdir, bit::MKDIR)
+            | on(f.public_ports, bit::PUBLIC_PORTS)
+            | on(f.pause_resume, bit::PAUSE_RESUME)
+            | on(f.pty, bit::PTY);
+        if req.network.restricts_egress() {
+            need |= bit::EGRESS_ENFORCED;
+        }
+        let base = |v: Option<bool>, b: u32| if v.is_none() { b } else { 0 };
+        let need_auto = need
+            | base(f.process.execute, bit::EXECUTE)
+            | base(f.filesystem.read, bit::READ)
+            | base(f.filesystem.write, bit::WRITE);
+        let iso_ok = f.isolation.as_ref().map(|iso| {
+            topo.iso_sets
+                .iter()
+                .map(|set| set.iter().any(|m| iso.is_satisfied_by(m)))
+                .collect()
+        });
+        let region_ok = (!req.regions.is_empty()).then(|| {
+            let mut ok = vec![false; topo.region_index.len()];
+            for r in &req.regions {
+                if let Some(&id) = topo.region_index.get(normalize_region(r).as_str()) {
+                    ok[id as usize] = true;
+                }
+            }
+            ok
+        });
+        let vpc = req
+            .network
+            .vpc
+            .as_ref()
+            .map(|v| topo.vpc_index.get(v).copied().unwrap_or(NONE_ID));
+        Prefilter {
+            need_auto,
+            need_explicit: need,
+            iso_ok,
+            region_ok,
+            vpc,
+            impossible,
+        }
+    }
 }
 
 fn labels_match(
@@ -442,7 +526,64 @@ impl<'a> Plan<'a> {
                 })
                 .collect(),
             priorities,
+            pre: Prefilter::new(topo, req),
         }
+    }
+
+    /// Cheap rejections from the packed record; `false` means "certainly ineligible", `true`
+    /// means "run the full check".
+    fn may_pass(&self, i: usize) -> bool {
+        let h = &self.topo.hot[i];
+        let pre = &self.pre;
+        if pre.impossible {
+            return false;
+        }
+        let slot = if h.standby {
+            self.standby
+        } else {
+            self.slots[h.provider as usize]
+        };
+        if slot.excluded.is_some() {
+            return false;
+        }
+        if let Some(pin) = self.pin {
+            if pin != Some(i) {
+                return false;
+            }
+        }
+        let explicit =
+            self.explicit_provider == Some(h.provider as usize) || self.pin == Some(Some(i));
+        let need = if explicit {
+            pre.need_explicit
+        } else {
+            pre.need_auto
+        };
+        if h.mask & need != need {
+            return false;
+        }
+        if let Some(ok) = &pre.iso_ok {
+            if !ok[h.iso_set as usize] {
+                return false;
+            }
+        }
+        if let Some(ok) = &pre.region_ok {
+            if h.region == NONE_ID || !ok[h.region as usize] {
+                return false;
+            }
+        }
+        if let Some(v) = pre.vpc {
+            if v == NONE_ID || h.vpc != v {
+                return false;
+            }
+        }
+        let res = &self.req.resources;
+        if res.cpu.is_some_and(|c| c > 0.0 && c > h.cpu)
+            || res.memory_mb.is_some_and(|m| m > h.memory_mb)
+            || res.disk_gb.is_some_and(|d| d > h.disk_gb)
+        {
+            return false;
+        }
+        true
     }
 
     fn slot(&self, pool: &Pool) -> Slot {
@@ -835,6 +976,9 @@ impl<'a> Plan<'a> {
         let mut buf = Vec::new();
         let mut survivors = Vec::new();
         for i in 0..self.topo.pools.len() {
+            if !self.may_pass(i) {
+                continue;
+            }
             buf.clear();
             self.check(i, &mut buf, true);
             if buf.is_empty() {

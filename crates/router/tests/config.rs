@@ -64,27 +64,47 @@ fn parse(s: &str) -> RouterConfig {
 }
 
 fn errors(s: &str) -> Vec<String> {
-    parse(s).validate().unwrap_err().0.iter().map(|e| e.to_string()).collect()
+    parse(s)
+        .validate()
+        .unwrap_err()
+        .0
+        .iter()
+        .map(|e| e.to_string())
+        .collect()
 }
 
 #[test]
 fn full_config_parses_and_compiles() {
-    let t = parse(&FULL.replace("name = \"standby\"", "name = \"sb\"")).compile().unwrap();
+    let t = parse(&FULL.replace("name = \"standby\"", "name = \"sb\""))
+        .compile()
+        .unwrap();
     let p = t.pool("e2b-use1").unwrap();
     assert_eq!(p.capabilities.egress, EgressEnforcement::Native);
-    assert_eq!(p.capabilities.isolation, vec![IsolationMode::kind("microvm").with("hypervisor", "firecracker")]);
+    assert_eq!(
+        p.capabilities.isolation,
+        vec![IsolationMode::kind("microvm").with("hypervisor", "firecracker")]
+    );
     assert!(!p.capabilities.filesystem.write && p.capabilities.filesystem.read);
     assert_eq!(p.capabilities.templates, Some(vec!["base".to_string()]));
     let sim = t.provider("sim").unwrap();
     assert_eq!(sim.kind, ProviderKind::Simulated);
     assert!(sim.capabilities.pty);
-    assert_eq!(sim.capabilities.isolation[1], IsolationMode::kind("vm").with("confidential", "true"));
-    assert_eq!(t.pool("sb").unwrap().capabilities.egress, EgressEnforcement::Gateway);
+    assert_eq!(
+        sim.capabilities.isolation[1],
+        IsolationMode::kind("vm").with("confidential", "true")
+    );
+    assert_eq!(
+        t.pool("sb").unwrap().capabilities.egress,
+        EgressEnforcement::Gateway
+    );
 }
 
 #[test]
 fn reserved_name_standby_is_rejected() {
-    assert_eq!(errors(FULL), vec!["pools[1].name: \"standby\" is reserved for routing orders"]);
+    assert_eq!(
+        errors(FULL),
+        vec!["pools[1].name: \"standby\" is reserved for routing orders"]
+    );
 }
 
 #[test]
@@ -167,7 +187,11 @@ fn builtin_defaults_follow_seed_000() {
     let caps = |k: ProviderKind| k.builtin_capabilities();
     for k in ProviderKind::ALL {
         let c = caps(k);
-        assert_eq!(c.environments, vec!["metal/base", "metal/node", "metal/python"], "{k}");
+        assert_eq!(
+            c.environments,
+            vec!["metal/base", "metal/node", "metal/python"],
+            "{k}"
+        );
         assert!(!c.pty, "{k}: no built-in provider declares pty");
         assert_eq!(c.process.execute, c.filesystem.read, "{k}");
     }
@@ -180,10 +204,17 @@ fn builtin_defaults_follow_seed_000() {
     assert_eq!(local.egress, EgressEnforcement::Gateway);
     for k in ProviderKind::ALL {
         if k != ProviderKind::Local {
-            assert_eq!(caps(k).egress, EgressEnforcement::None, "{k}: no managed adapter enforces egress");
+            assert_eq!(
+                caps(k).egress,
+                EgressEnforcement::None,
+                "{k}: no managed adapter enforces egress"
+            );
         }
     }
-    assert_eq!(ProviderKind::from_name("prime-intellect"), Some(ProviderKind::PrimeIntellect));
+    assert_eq!(
+        ProviderKind::from_name("prime-intellect"),
+        Some(ProviderKind::PrimeIntellect)
+    );
 }
 
 #[test]
@@ -195,7 +226,10 @@ fn requests_reject_unknown_requirement_fields() {
         serde_json::json!({"routing": {"priorities": ["cheapest"]}}),
         serde_json::json!({"source": {"docker": "x"}}),
     ] {
-        assert!(serde_json::from_value::<sandgate_router::Request>(bad.clone()).is_err(), "{bad}");
+        assert!(
+            serde_json::from_value::<sandgate_router::Request>(bad.clone()).is_err(),
+            "{bad}"
+        );
     }
     // The rest of the create body is not the router's business.
     let r = req(serde_json::json!({"workspace": "w", "credentials": ["gh"], "provider": "e2b"}));

@@ -8,8 +8,12 @@ use sandgate_router::*;
 const PROVIDERS: [&str; 5] = ["e2b", "modal", "daytona", "local", "sim"];
 const REGIONS: [&str; 3] = ["us-east-1", "eu-west-1", "ap-south-1"];
 const ZONES: [&str; 4] = ["za", "zb", "zc", "zd"];
-const EGRESS: [EgressEnforcement; 4] =
-    [EgressEnforcement::Native, EgressEnforcement::Gateway, EgressEnforcement::Advisory, EgressEnforcement::None];
+const EGRESS: [EgressEnforcement; 4] = [
+    EgressEnforcement::Native,
+    EgressEnforcement::Gateway,
+    EgressEnforcement::Advisory,
+    EgressEnforcement::None,
+];
 const ISOLATION: [&str; 4] = ["microvm", "vm", "container", "namespace"];
 
 #[derive(Debug, Clone)]
@@ -28,22 +32,41 @@ struct PoolSpec {
 
 fn pool_spec() -> impl Strategy<Value = PoolSpec> {
     (
-        (0..5usize, proptest::option::of(0..3usize), 0..4usize, proptest::option::of(0..4usize)),
-        (proptest::option::of(0..3usize), proptest::option::of(0..10u8), proptest::option::of(0..5u8)),
-        (proptest::bool::weighted(0.1), proptest::option::of(1u32..64), proptest::option::of(0..2usize)),
+        (
+            0..5usize,
+            proptest::option::of(0..3usize),
+            0..4usize,
+            proptest::option::of(0..4usize),
+        ),
+        (
+            proptest::option::of(0..3usize),
+            proptest::option::of(0..10u8),
+            proptest::option::of(0..5u8),
+        ),
+        (
+            proptest::bool::weighted(0.1),
+            proptest::option::of(1u32..64),
+            proptest::option::of(0..2usize),
+        ),
     )
-        .prop_map(|((provider, region, zone, egress), (tier, price, capacity), (standby, memory, vpc))| PoolSpec {
-            provider,
-            region,
-            zone,
-            egress,
-            tier,
-            price,
-            capacity,
-            standby,
-            memory,
-            vpc,
-        })
+        .prop_map(
+            |(
+                (provider, region, zone, egress),
+                (tier, price, capacity),
+                (standby, memory, vpc),
+            )| PoolSpec {
+                provider,
+                region,
+                zone,
+                egress,
+                tier,
+                price,
+                capacity,
+                standby,
+                memory,
+                vpc,
+            },
+        )
 }
 
 fn config(pools: &[PoolSpec]) -> RouterConfig {
@@ -54,7 +77,10 @@ fn config(pools: &[PoolSpec]) -> RouterConfig {
             kind: (p == "sim").then_some(ProviderKind::Simulated),
             capabilities: (p == "sim").then(|| CapabilitiesConfig {
                 isolation: Some(vec![IsolationMode::kind("microvm")]),
-                features: Some(FeaturesConfig { pty: Some(true), ..Default::default() }),
+                features: Some(FeaturesConfig {
+                    pty: Some(true),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
         })
@@ -80,10 +106,16 @@ fn config(pools: &[PoolSpec]) -> RouterConfig {
             region: s.region.map(|r| REGIONS[r].into()),
             zone: Some(ZONES[s.zone].into()),
             isolation: None,
-            resources: PoolResources { memory_mb: s.memory.map(|m| m as u64 * 1024), ..Default::default() },
+            resources: PoolResources {
+                memory_mb: s.memory.map(|m| m as u64 * 1024),
+                ..Default::default()
+            },
             sources: None,
             features: None,
-            labels: s.tier.map(|t| [("tier".to_string(), format!("t{t}"))].into()).unwrap_or_default(),
+            labels: s
+                .tier
+                .map(|t| [("tier".to_string(), format!("t{t}"))].into())
+                .unwrap_or_default(),
             vpc: s.vpc.map(|v| format!("vpc-{v}")),
             price: s.price.map(f64::from),
             capacity: s.capacity.map(u64::from),
@@ -91,7 +123,11 @@ fn config(pools: &[PoolSpec]) -> RouterConfig {
             standby: s.standby,
         })
         .collect();
-    RouterConfig { providers, accounts, pools }
+    RouterConfig {
+        providers,
+        accounts,
+        pools,
+    }
 }
 
 fn opt_bool() -> impl Strategy<Value = Option<bool>> {
@@ -99,7 +135,11 @@ fn opt_bool() -> impl Strategy<Value = Option<bool>> {
 }
 
 fn request(npools: usize) -> impl Strategy<Value = Request> {
-    let pr = prop_oneof![Just(Priority::Price), Just(Priority::StartupLatency), Just(Priority::CreationSuccess)];
+    let pr = prop_oneof![
+        Just(Priority::Price),
+        Just(Priority::StartupLatency),
+        Just(Priority::CreationSuccess)
+    ];
     (
         (
             proptest::option::of(0..5usize),
@@ -108,7 +148,14 @@ fn request(npools: usize) -> impl Strategy<Value = Request> {
             proptest::option::of(1u32..64),
             proptest::option::of(0..4usize),
         ),
-        (opt_bool(), opt_bool(), opt_bool(), opt_bool(), opt_bool(), opt_bool()),
+        (
+            opt_bool(),
+            opt_bool(),
+            opt_bool(),
+            opt_bool(),
+            opt_bool(),
+            opt_bool(),
+        ),
         (
             proptest::bool::weighted(0.2),
             proptest::collection::vec(0..3usize, 0..2),
@@ -132,13 +179,19 @@ fn request(npools: usize) -> impl Strategy<Value = Request> {
             )| {
                 let mut r = Request {
                     provider: provider.map(|p| PROVIDERS[p].into()),
-                    fallback_providers: fallbacks.into_iter().map(|p| PROVIDERS[p].into()).collect(),
+                    fallback_providers: fallbacks
+                        .into_iter()
+                        .map(|p| PROVIDERS[p].into())
+                        .collect(),
                     source: source.map(|s| match s {
                         0 => Source::Environment("metal/python".into()),
                         1 => Source::Image("python:3".into()),
                         _ => Source::Template("base".into()),
                     }),
-                    regions: regions.into_iter().map(|r| REGIONS[r].to_uppercase()).collect(),
+                    regions: regions
+                        .into_iter()
+                        .map(|r| REGIONS[r].to_uppercase())
+                        .collect(),
                     ..Default::default()
                 };
                 r.resources.memory_mb = memory.map(|m| m as u64 * 1024);
@@ -154,7 +207,9 @@ fn request(npools: usize) -> impl Strategy<Value = Request> {
                 }
                 r.network.vpc = vpc.map(|v| format!("vpc-{v}"));
                 if let Some(t) = tier {
-                    r.routing.pool_selector.insert("tier".into(), format!("t{t}"));
+                    r.routing
+                        .pool_selector
+                        .insert("tier".into(), format!("t{t}"));
                 }
                 r.routing.priorities = priorities;
                 r.routing.pin_pool = pin.map(|p| format!("pool-{p:02}"));
@@ -170,7 +225,11 @@ fn request(npools: usize) -> impl Strategy<Value = Request> {
                     })
                     .unwrap_or_default();
                 r.routing.order = order.map(|o| {
-                    Order::Providers(o.into_iter().map(|i| PROVIDERS.get(i).copied().unwrap_or("standby").into()).collect())
+                    Order::Providers(
+                        o.into_iter()
+                            .map(|i| PROVIDERS.get(i).copied().unwrap_or("standby").into())
+                            .collect(),
+                    )
                 });
                 r.routing.standby = standby;
                 r
@@ -181,7 +240,12 @@ fn request(npools: usize) -> impl Strategy<Value = Request> {
 fn context(npools: usize) -> impl Strategy<Value = RouteContext> {
     (
         proptest::collection::vec(
-            (0..npools.max(1), proptest::collection::vec(50.0f64..5000.0, 0..5), 0..20u64, 0..20u64),
+            (
+                0..npools.max(1),
+                proptest::collection::vec(50.0f64..5000.0, 0..5),
+                0..20u64,
+                0..20u64,
+            ),
             0..npools + 1,
         ),
         proptest::collection::vec((0..5usize, 0..3usize, 0..4usize), 0..12),
@@ -191,7 +255,14 @@ fn context(npools: usize) -> impl Strategy<Value = RouteContext> {
             stats: stats
                 .into_iter()
                 .map(|(p, lat, a, s)| {
-                    (format!("pool-{p:02}"), PoolStats { startup_latency_ms: lat, attempts: a, successes: s.min(a) })
+                    (
+                        format!("pool-{p:02}"),
+                        PoolStats {
+                            startup_latency_ms: lat,
+                            attempts: a,
+                            successes: s.min(a),
+                        },
+                    )
                 })
                 .collect(),
             sandboxes: sandboxes
@@ -203,7 +274,10 @@ fn context(npools: usize) -> impl Strategy<Value = RouteContext> {
                     zone: Some(ZONES[z].into()),
                 })
                 .collect(),
-            free_capacity: free.into_iter().map(|(p, f)| (format!("pool-{p:02}"), f)).collect::<HashMap<_, _>>(),
+            free_capacity: free
+                .into_iter()
+                .map(|(p, f)| (format!("pool-{p:02}"), f))
+                .collect::<HashMap<_, _>>(),
             ..Default::default()
         })
 }
@@ -216,15 +290,24 @@ fn scenario() -> impl Strategy<Value = (Vec<PoolSpec>, Request, RouteContext)> {
 }
 
 fn names(r: &Result<Route, NoEligible>) -> Vec<String> {
-    r.as_ref().map(|r| r.candidates.iter().map(|c| c.pool.to_string()).collect()).unwrap_or_default()
+    r.as_ref()
+        .map(|r| r.candidates.iter().map(|c| c.pool.to_string()).collect())
+        .unwrap_or_default()
 }
 
 /// Independent restatement of the hard requirements the generator exercises.
-fn satisfies(t: &Topology, r: &Request, c: &RouteContext, cand: &Candidate, all: &[Candidate]) -> Result<(), String> {
+fn satisfies(
+    t: &Topology,
+    r: &Request,
+    c: &RouteContext,
+    cand: &Candidate,
+    all: &[Candidate],
+) -> Result<(), String> {
     let p = t.pool(&cand.pool).unwrap();
     let caps = &p.capabilities;
     let provider = &*cand.provider;
-    let explicit = r.provider.as_deref() == Some(provider) || r.routing.pin_pool.as_deref() == Some(&*p.name);
+    let explicit =
+        r.provider.as_deref() == Some(provider) || r.routing.pin_pool.as_deref() == Some(&*p.name);
     let order: Option<&Vec<String>> = match &r.routing.order {
         Some(Order::Providers(v)) => Some(v),
         _ => None,
@@ -261,7 +344,11 @@ fn satisfies(t: &Topology, r: &Request, c: &RouteContext, cand: &Candidate, all:
         }
     }
     if let Some(iso) = &r.features.isolation {
-        if !caps.isolation.iter().any(|m| m.0.get("kind") == iso.0.get("kind")) {
+        if !caps
+            .isolation
+            .iter()
+            .any(|m| m.0.get("kind") == iso.0.get("kind"))
+        {
             fail.push("isolation");
         }
     }
@@ -284,13 +371,23 @@ fn satisfies(t: &Topology, r: &Request, c: &RouteContext, cand: &Candidate, all:
     if f.pty == Some(true) && !caps.pty {
         fail.push("pty");
     }
-    if r.network.restricts_egress() && !matches!(caps.egress, EgressEnforcement::Native | EgressEnforcement::Gateway) {
+    if r.network.restricts_egress()
+        && !matches!(
+            caps.egress,
+            EgressEnforcement::Native | EgressEnforcement::Gateway
+        )
+    {
         fail.push("egress");
     }
     if r.network.vpc.is_some() && r.network.vpc != p.vpc {
         fail.push("vpc");
     }
-    if !r.regions.is_empty() && !r.regions.iter().any(|x| Some(x.to_lowercase().as_str()) == p.region.as_deref()) {
+    if !r.regions.is_empty()
+        && !r
+            .regions
+            .iter()
+            .any(|x| Some(x.to_lowercase().as_str()) == p.region.as_deref())
+    {
         fail.push("regions");
     }
     if let Some(tier) = r.routing.pool_selector.get("tier") {
@@ -299,8 +396,17 @@ fn satisfies(t: &Topology, r: &Request, c: &RouteContext, cand: &Candidate, all:
         }
     }
     for s in &r.routing.spread {
-        let count = |z: &str| c.sandboxes.iter().filter(|s| s.zone.as_deref() == Some(z)).count() as i64;
-        let min = all.iter().map(|a| count(a.zone.as_deref().unwrap())).min().unwrap();
+        let count = |z: &str| {
+            c.sandboxes
+                .iter()
+                .filter(|s| s.zone.as_deref() == Some(z))
+                .count() as i64
+        };
+        let min = all
+            .iter()
+            .map(|a| count(a.zone.as_deref().unwrap()))
+            .min()
+            .unwrap();
         if count(p.zone.as_deref().unwrap()) + 1 - min > s.max_skew as i64 {
             fail.push("spread");
         }

@@ -71,7 +71,10 @@ pub fn pools(r: &Route) -> Vec<String> {
 }
 
 pub fn providers(r: &Route) -> Vec<String> {
-    r.candidates.iter().map(|c| c.provider.to_string()).collect()
+    r.candidates
+        .iter()
+        .map(|c| c.provider.to_string())
+        .collect()
 }
 
 pub fn route_pools(t: &Topology, r: &Request, c: &RouteContext) -> Vec<String> {
@@ -117,10 +120,17 @@ pub fn strs(v: &[&str]) -> Vec<String> {
 
 /// Baseline opted out, so only the named requirement decides.
 pub fn no_baseline(mut v: Value) -> Value {
-    let f = v.as_object_mut().unwrap().entry("features").or_insert(serde_json::json!({}));
+    let f = v
+        .as_object_mut()
+        .unwrap()
+        .entry("features")
+        .or_insert(serde_json::json!({}));
     let f = f.as_object_mut().unwrap();
     let p = f.entry("process").or_insert(serde_json::json!({}));
-    p.as_object_mut().unwrap().entry("execute").or_insert(Value::Bool(false));
+    p.as_object_mut()
+        .unwrap()
+        .entry("execute")
+        .or_insert(Value::Bool(false));
     let fs = f.entry("filesystem").or_insert(serde_json::json!({}));
     let fs = fs.as_object_mut().unwrap();
     fs.entry("read").or_insert(Value::Bool(false));
