@@ -18,12 +18,25 @@ pub struct PoolStats {
 impl PoolStats {
     /// Median of the samples; `None` without samples.
     pub fn median_startup_latency_ms(&self) -> Option<f64> {
-        let mut s: Vec<f64> = self
+        // Routing takes a median per eligible pool; keep the usual handful of samples off the heap.
+        let mut stack = [0f64; 64];
+        let mut heap = Vec::new();
+        let finite = self
             .startup_latency_ms
             .iter()
             .copied()
-            .filter(|v| v.is_finite())
-            .collect();
+            .filter(|v| v.is_finite());
+        let s: &mut [f64] = if self.startup_latency_ms.len() <= stack.len() {
+            let mut n = 0;
+            for v in finite {
+                stack[n] = v;
+                n += 1;
+            }
+            &mut stack[..n]
+        } else {
+            heap.extend(finite);
+            &mut heap
+        };
         if s.is_empty() {
             return None;
         }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::config::{bit, normalize_region, Pool, Topology, NONE_ID};
-use crate::context::{Bands, RouteContext};
+use crate::context::{Bands, PoolStats, RouteContext};
 use crate::error::{Attempt, NoEligible};
 use crate::request::{Operator, Order, Priority, Request, Source, SpreadMode, TopologyKey};
 
@@ -659,23 +659,18 @@ impl<'a> Plan<'a> {
                 unmet!(Unmet::Path("routing.pin_pool"));
             }
         }
-        match &req.source {
-            None => {}
+        let source_unmet = match &req.source {
+            None => None,
             Some(Source::Environment(e)) => {
-                if !caps.environments.iter().any(|x| x == e) {
-                    unmet!(Unmet::Path("source.environment"));
-                }
+                (!caps.environments.iter().any(|x| x == e)).then_some("source.environment")
             }
-            Some(Source::Image(_)) => {
-                if !caps.image {
-                    unmet!(Unmet::Path("source.image"));
-                }
-            }
-            Some(Source::Template(t)) => {
-                if !caps.template || caps.templates.as_ref().is_some_and(|ts| !ts.contains(t)) {
-                    unmet!(Unmet::Path("source.template"));
-                }
-            }
+            Some(Source::Image(_)) => (!caps.image).then_some("source.image"),
+            Some(Source::Template(t)) => (!caps.template
+                || caps.templates.as_ref().is_some_and(|ts| !ts.contains(t)))
+            .then_some("source.template"),
+        };
+        if let Some(path) = source_unmet {
+            unmet!(Unmet::Path(path));
         }
         let res = &req.resources;
         let lim = &pool.resources;
@@ -900,18 +895,14 @@ impl<'a> Plan<'a> {
     }
 
     fn metric(&self, pool: &Pool, p: Priority) -> Option<f64> {
+        self.metric_with(pool, p, self.ctx.stats.get(&*pool.name))
+    }
+
+    fn metric_with(&self, pool: &Pool, p: Priority, stats: Option<&PoolStats>) -> Option<f64> {
         let v = match p {
             Priority::Price => pool.price,
-            Priority::StartupLatency => self
-                .ctx
-                .stats
-                .get(&*pool.name)
-                .and_then(|s| s.median_startup_latency_ms()),
-            Priority::CreationSuccess => self
-                .ctx
-                .stats
-                .get(&*pool.name)
-                .and_then(|s| s.creation_success()),
+            Priority::StartupLatency => stats.and_then(|s| s.median_startup_latency_ms()),
+            Priority::CreationSuccess => stats.and_then(|s| s.creation_success()),
         };
         v.filter(|v| v.is_finite())
     }
@@ -946,8 +937,15 @@ impl<'a> Plan<'a> {
         let pool = &self.topo.pools[i];
         let mut k = [0u64; 7];
         k[0] = self.slot(pool).tier.unwrap_or(u32::MAX) as u64;
+        // One lookup per pool, and none when no measured priority is requested.
+        let measured = self.priorities.iter().any(|p| *p != Priority::Price);
+        let stats = if measured {
+            self.ctx.stats.get(&*pool.name)
+        } else {
+            None
+        };
         for (j, p) in self.priorities.iter().enumerate() {
-            k[1 + j] = self.rank_key(*p, self.metric(pool, *p)).0;
+            k[1 + j] = self.rank_key(*p, self.metric_with(pool, *p, stats)).0;
         }
         k[4] = ((-self.soft_score(pool)) as u64) ^ (1 << 63);
         k[5] = match self.free_capacity(pool) {
