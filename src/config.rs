@@ -47,6 +47,42 @@ pub struct Config {
     pub policy: PolicyConfig,
     /// Diagnostic logs and the decision log.
     pub log: LogConfig,
+    /// Durable state (credentials, sandboxes).
+    pub store: StoreConfig,
+    /// The master key that seals secrets at rest.
+    pub secrets: SecretsConfig,
+    /// Credentials declared in the file; their secrets come from the environment or a file.
+    pub credentials: Vec<crate::credentials::CredentialConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// SQLite database file (created with its directory on first start).
+    pub path: PathBuf,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            path: PathBuf::from("data/sandgate.db"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsConfig {
+    /// Key file used when `SANDGATE_MASTER_KEY` is not set; generated (mode 0600) if missing.
+    pub master_key_file: PathBuf,
+}
+
+impl Default for SecretsConfig {
+    fn default() -> Self {
+        SecretsConfig {
+            master_key_file: PathBuf::from("data/master.key"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -85,16 +121,39 @@ impl Default for ProxyConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ApiConfig {
-    /// Address the API listens on (`/healthz`, `/metrics`).
+    /// Address the API listens on (`/healthz`, `/metrics`, `/v1/...`).
     pub listen: SocketAddr,
+    /// Bearer tokens accepted by `/v1` endpoints and the principal each stands for. With
+    /// none configured every `/v1` call is refused (401).
+    pub tokens: Vec<ApiTokenConfig>,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
         ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            tokens: Vec::new(),
         }
     }
+}
+
+/// `Authorization: Bearer <token>` → principal.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiTokenConfig {
+    /// The token itself; prefer `token_env`.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Environment variable holding the token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// Who the token stands for.
+    pub principal: String,
+    /// The workspace the principal acts in.
+    pub workspace: String,
+    /// Roles, e.g. `admin` (platform-wide), `member`.
+    #[serde(default)]
+    pub roles: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -168,6 +227,12 @@ pub struct IdentityConfig {
     /// Free-form labels, visible to policy as `input.sandbox.labels`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The user within the workspace the sandbox acts for (binds that user's credentials).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Names of credentials of this workspace (or user) applied to this sandbox's traffic.
+    #[serde(default)]
+    pub credentials: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -319,6 +384,45 @@ impl Config {
                         message,
                     ));
                 }
+            }
+        }
+        for (i, token) in self.api.tokens.iter().enumerate() {
+            let key = |field: &str| format!("api.tokens[{i}].{field}");
+            match (&token.token, &token.token_env) {
+                (Some(_), Some(_)) | (None, None) => {
+                    return Err(ConfigError::invalid(
+                        key("token"),
+                        "set exactly one of token or token_env",
+                    ))
+                }
+                (Some(t), None) if t.len() < 16 => {
+                    return Err(ConfigError::invalid(
+                        key("token"),
+                        "must be at least 16 characters",
+                    ))
+                }
+                _ => {}
+            }
+            if token.principal.is_empty() || token.workspace.is_empty() {
+                return Err(ConfigError::invalid(
+                    key("principal"),
+                    "principal and workspace must be non-empty",
+                ));
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, credential) in self.credentials.iter().enumerate() {
+            credential.validate().map_err(|(field, message)| {
+                ConfigError::invalid(format!("credentials[{i}].{field}"), message)
+            })?;
+            if !names.insert((credential.workspace.as_str(), credential.name.as_str())) {
+                return Err(ConfigError::invalid(
+                    format!("credentials[{i}].name"),
+                    format!(
+                        "duplicate credential {:?} in workspace {:?}",
+                        credential.name, credential.workspace
+                    ),
+                ));
             }
         }
         for (name, _) in self.dns.hosts.iter() {

@@ -30,6 +30,9 @@ pub struct DecisionRecord {
     pub reasons: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
+    /// Names of the credentials applied to the request (never their values).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<String>,
     pub policy_generation: u64,
     pub latency_us: u64,
 }

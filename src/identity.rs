@@ -19,9 +19,20 @@ use crate::config::IdentityConfig;
 pub struct Identity {
     pub id: String,
     pub workspace: String,
+    /// The user in the workspace the sandbox acts for, if any.
+    pub user: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub allow_domains: Vec<String>,
+    /// Credentials of the workspace (or user) applied to this sandbox's traffic.
+    pub bindings: Vec<Binding>,
     token: Vec<u8>,
+}
+
+/// One bound credential and the placeholder this sandbox sees for it.
+#[derive(Debug, Clone)]
+pub struct Binding {
+    pub name: String,
+    pub placeholder: String,
 }
 
 impl Identity {
@@ -35,6 +46,8 @@ impl Identity {
         Identity {
             id: id.into(),
             workspace: workspace.into(),
+            user: None,
+            bindings: Vec::new(),
             labels,
             allow_domains: allow_domains
                 .iter()
@@ -49,6 +62,47 @@ impl Identity {
 pub enum IdentityError {
     #[error("identity {id:?}: token_env {var} is not set")]
     MissingTokenEnv { id: String, var: String },
+    #[error("config key `{key}`: {message}")]
+    Binding { key: String, message: String },
+}
+
+impl Identity {
+    /// Binds credentials by name. Only the identity's own workspace's credentials exist to
+    /// be found, and one that belongs to another user of it is refused.
+    pub fn bind(
+        mut self,
+        user: Option<String>,
+        names: &[String],
+        credentials: &crate::credentials::CredentialStore,
+        key_path: impl Fn(usize) -> String,
+    ) -> Result<Identity, IdentityError> {
+        self.user = user;
+        for (i, name) in names.iter().enumerate() {
+            let Some(credential) = credentials.get(&self.workspace, name) else {
+                return Err(IdentityError::Binding {
+                    key: key_path(i),
+                    message: format!("no credential {name:?} in workspace {:?}", self.workspace),
+                });
+            };
+            if credential.meta.user.is_some() && credential.meta.user != self.user {
+                return Err(IdentityError::Binding {
+                    key: key_path(i),
+                    message: format!(
+                        "credential {name:?} belongs to another user of workspace {:?}",
+                        self.workspace
+                    ),
+                });
+            }
+            let placeholder = credentials
+                .key()
+                .placeholder(&self.id, &self.workspace, name);
+            self.bindings.push(Binding {
+                name: name.clone(),
+                placeholder,
+            });
+        }
+        Ok(self)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -57,9 +111,12 @@ pub struct IdentityRegistry {
 }
 
 impl IdentityRegistry {
-    pub fn from_config(identities: &[IdentityConfig]) -> Result<IdentityRegistry, IdentityError> {
+    pub fn from_config(
+        identities: &[IdentityConfig],
+        credentials: &crate::credentials::CredentialStore,
+    ) -> Result<IdentityRegistry, IdentityError> {
         let registry = IdentityRegistry::default();
-        for c in identities {
+        for (index, c) in identities.iter().enumerate() {
             let token = match (&c.token, &c.token_env) {
                 (Some(t), _) => t.clone(),
                 (None, Some(var)) => {
@@ -70,13 +127,17 @@ impl IdentityRegistry {
                 }
                 (None, None) => unreachable!("config validation requires a token"),
             };
-            registry.register(Identity::new(
+            let identity = Identity::new(
                 c.id.clone(),
                 token.into_bytes(),
                 c.workspace.clone(),
                 c.allow_domains.clone(),
                 c.labels.clone(),
-            ));
+            )
+            .bind(c.user.clone(), &c.credentials, credentials, |j| {
+                format!("egress.identities[{index}].credentials[{j}]")
+            })?;
+            registry.register(identity);
         }
         Ok(registry)
     }
@@ -91,6 +152,14 @@ impl IdentityRegistry {
     pub fn revoke(&self, id: &str) -> bool {
         let mut map = self.by_id.write().unwrap_or_else(|e| e.into_inner());
         map.remove(id).is_some()
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Identity>> {
+        self.by_id
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
     }
 
     pub fn len(&self) -> usize {

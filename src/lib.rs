@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod config;
+pub mod credentials;
 pub mod decision_log;
 pub mod domain;
 pub mod egress;
@@ -15,5 +16,6 @@ pub mod identity;
 pub mod net;
 pub mod policy;
 pub mod server;
+pub mod store;
 pub mod telemetry;
 pub mod tls;

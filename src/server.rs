@@ -10,11 +10,13 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
+use crate::credentials::{CredentialStore, MasterKey};
 use crate::decision_log::{DecisionLog, Sink};
-use crate::egress::EgressState;
+use crate::egress::{EgressDeps, EgressState};
 use crate::identity::IdentityRegistry;
 use crate::net::{AddressGuard, Resolver};
 use crate::policy::PolicyEngine;
+use crate::store::Store;
 use crate::tls::{CaOrigin, CertAuthority, LeafMinter};
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +35,14 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Auth(#[from] crate::api::auth::AuthConfigError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Seal(#[from] crate::credentials::seal::SealError),
+    #[error(transparent)]
+    Credential(#[from] crate::credentials::CredentialError),
     #[error("decision log: {0}")]
     DecisionLog(std::io::Error),
     #[error("writing the bundled policies to {dir}: {source}")]
@@ -81,7 +91,14 @@ impl Server {
         ensure_policy_dir(&config.policy.dir)?;
         let policy = Arc::new(PolicyEngine::load(&config.policy.dir)?);
         tracing::info!(dir = %config.policy.dir.display(), files = ?policy.status().files, "policy loaded");
-        let identities = Arc::new(IdentityRegistry::from_config(&config.egress.identities)?);
+        let store = Store::open_sqlite(&config.store.path).await?;
+        let master_key = Arc::new(MasterKey::load(&config.secrets.master_key_file)?);
+        let credentials =
+            Arc::new(CredentialStore::load(master_key, store.clone(), &config.credentials).await?);
+        let identities = Arc::new(IdentityRegistry::from_config(
+            &config.egress.identities,
+            &credentials,
+        )?);
 
         let proxy_listener = bind("proxy", config.proxy.listen).await?;
         let api_listener = bind("api", config.api.listen).await?;
@@ -119,12 +136,15 @@ impl Server {
             .map_err(StartError::DecisionLog)?;
         let egress = Arc::new(EgressState::new(
             config.proxy.clone(),
-            identities.clone(),
-            policy.clone(),
-            resolver,
-            minter,
+            EgressDeps {
+                identities: identities.clone(),
+                policy: policy.clone(),
+                resolver,
+                minter,
+                credentials: credentials.clone(),
+                log,
+            },
             upstream_tls,
-            log,
         )?);
 
         let mut tasks = Vec::new();
@@ -135,7 +155,11 @@ impl Server {
         let app = crate::api::router(crate::api::ApiState {
             policy: policy.clone(),
             identities,
+            credentials,
+            auth: Arc::new(crate::api::auth::ApiAuth::from_config(&config.api.tokens)?),
             metrics,
+            proxy_addr,
+            ca_cert_path: ca_cert_path.clone(),
         });
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(api_listener, app).await {

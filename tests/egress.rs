@@ -223,11 +223,11 @@ async fn metadata_address_is_refused_even_when_policy_allows_the_name() {
     assert!(err.1.contains("169.254.169.254"));
     // An IP literal in a private range is refused the same way.
     let gw2 = Gateway::start(GatewayOptions {
-        identities: vec![IdentitySpec {
-            id: "sb-ip",
-            workspace: "ws",
-            allow_domains: vec!["10.1.2.3", "::ffff:169.254.169.254"],
-        }],
+        identities: vec![IdentitySpec::new(
+            "sb-ip",
+            "ws",
+            vec!["10.1.2.3", "::ffff:169.254.169.254"],
+        )],
         ..Default::default()
     })
     .await;
@@ -514,11 +514,11 @@ async fn opaque_tunnel_only_when_policy_says_tunnel() {
     init();
     let (echo, accepted) = start_tcp_echo().await;
     let gw = Gateway::start(GatewayOptions {
-        identities: vec![IdentitySpec {
-            id: "sb-t",
-            workspace: "ws",
-            allow_domains: vec!["echo.test", "raw.test"],
-        }],
+        identities: vec![IdentitySpec::new(
+            "sb-t",
+            "ws",
+            vec!["echo.test", "raw.test"],
+        )],
         hosts: vec![("echo.test", "127.0.0.1"), ("raw.test", "127.0.0.1")],
         extra_policies: vec![("tunnel.rego", TUNNEL_POLICY.to_string())],
         ..Default::default()
@@ -723,8 +723,10 @@ async fn connections_beyond_the_limit_are_shed_with_503() {
     init();
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(
-        "[proxy]\nlisten = \"127.0.0.1:0\"\nmax_connections = 1\n[api]\nlisten = \"127.0.0.1:0\"\n[tls]\nca_dir = {:?}\n[policy]\ndir = {:?}\n[log]\ndecisions = \"off\"\n",
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nmax_connections = 1\n[api]\nlisten = \"127.0.0.1:0\"\n[tls]\nca_dir = {:?}\n[store]\npath = {:?}\n[secrets]\nmaster_key_file = {:?}\n[policy]\ndir = {:?}\n[log]\ndecisions = \"off\"\n",
         dir.path().join("certs").display().to_string(),
+        dir.path().join("db").display().to_string(),
+        dir.path().join("key").display().to_string(),
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies").display().to_string(),
     );
     let server =

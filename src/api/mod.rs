@@ -1,5 +1,10 @@
-//! The control-plane HTTP API. This part serves operations endpoints: `GET /healthz`
-//! (liveness plus policy status) and `GET /metrics` (Prometheus text format).
+//! The control-plane HTTP API: `GET /healthz` (liveness plus policy status), `GET /metrics`
+//! (Prometheus text format), and the authenticated `/v1` resources.
+
+pub mod auth;
+pub mod body;
+pub mod credentials;
+pub mod identities;
 
 use std::sync::Arc;
 
@@ -11,6 +16,7 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
+use crate::credentials::CredentialStore;
 use crate::identity::IdentityRegistry;
 use crate::policy::PolicyEngine;
 
@@ -18,13 +24,20 @@ use crate::policy::PolicyEngine;
 pub struct ApiState {
     pub policy: Arc<PolicyEngine>,
     pub identities: Arc<IdentityRegistry>,
+    pub credentials: Arc<CredentialStore>,
+    pub auth: Arc<auth::ApiAuth>,
     pub metrics: PrometheusHandle,
+    /// Where sandboxes reach the proxy, for the environment they are given.
+    pub proxy_addr: std::net::SocketAddr,
+    pub ca_cert_path: std::path::PathBuf,
 }
 
 pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .merge(credentials::routes())
+        .merge(identities::routes())
         .fallback(not_found)
         .with_state(state)
 }

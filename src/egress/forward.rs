@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::connect::resolve_error;
 use super::{reply, EgressState, ProxyBody};
+use crate::credentials::apply::{apply as apply_credentials, scrub_response_headers, RequestView};
 use crate::decision_log::{now_rfc3339, redact_query, DecisionRecord};
 use crate::error::ErrorReply;
 use crate::identity::Identity;
@@ -61,6 +62,7 @@ pub(crate) struct Outcome {
     pub code: Option<&'static str>,
     pub reasons: Vec<String>,
     pub action: Option<String>,
+    pub credentials: Vec<String>,
     pub generation: u64,
 }
 
@@ -81,6 +83,7 @@ impl Outcome {
             code: None,
             reasons: Vec::new(),
             action: None,
+            credentials: Vec::new(),
             generation: 0,
         }
     }
@@ -112,6 +115,7 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
         code: outcome.code,
         reasons: outcome.reasons,
         action: outcome.action,
+        credentials: outcome.credentials,
         policy_generation: outcome.generation,
         latency_us: latency.as_micros() as u64,
     });
@@ -140,6 +144,7 @@ pub(crate) fn record_unidentified(
         code: Some("proxy_auth_required"),
         reasons: vec!["missing or invalid proxy credentials".into()],
         action: None,
+        credentials: Vec::new(),
         policy_generation: state.policy.generation(),
         latency_us: started.elapsed().as_micros() as u64,
     });
@@ -213,15 +218,16 @@ pub(crate) async fn handle(
         return reply(&error);
     }
 
+    let destination = destination_value(&Destination {
+        host: &target.host,
+        port: target.port,
+        ip: outcome.ip,
+        scheme,
+    });
     let input = egress_input(
         "request",
         target.sandbox.clone(),
-        destination_value(&Destination {
-            host: &target.host,
-            port: target.port,
-            ip: outcome.ip,
-            scheme,
-        }),
+        destination.clone(),
         Some(request_value(&RequestFacts {
             method: req.method().as_str(),
             path: &path,
@@ -252,6 +258,41 @@ pub(crate) async fn handle(
     let websocket = is_upgrade(&req);
     let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
+    let mut path = path;
+    let view = RequestView {
+        host: &target.host,
+        port: target.port,
+        scheme,
+        method: parts.method.as_str(),
+        destination: destination.clone(),
+        sandbox: target.sandbox.clone(),
+    };
+    let applied = match apply_credentials(
+        &state.credentials,
+        &state.policy,
+        &target.identity,
+        &view,
+        &mut parts.headers,
+        &mut path,
+    ) {
+        Ok(applied) => applied,
+        Err(error) => {
+            outcome.deny(
+                &error,
+                error.details["reasons"]
+                    .as_array()
+                    .map(|r| {
+                        r.iter()
+                            .filter_map(|v| v.as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            );
+            record(&state, &target, outcome, started);
+            return reply(&error);
+        }
+    };
+    outcome.credentials = applied.names.clone();
     parts.uri = match format!("{scheme}://{}{path}", target.authority).parse() {
         Ok(uri) => uri,
         Err(_) => {
@@ -334,6 +375,7 @@ pub(crate) async fn handle(
         }
     }
     strip_hop_by_hop(&mut parts.headers, false);
+    scrub_response_headers(&mut parts.headers, &applied.secrets);
     Response::from_parts(parts, body.boxed())
 }
 

@@ -29,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::config::ProxyConfig;
+use crate::credentials::CredentialStore;
 use crate::decision_log::DecisionLog;
 use crate::error::ErrorReply;
 use crate::identity::IdentityRegistry;
@@ -48,6 +49,7 @@ pub struct EgressState {
     pub policy: Arc<PolicyEngine>,
     pub resolver: Arc<Resolver>,
     pub minter: Arc<LeafMinter>,
+    pub credentials: Arc<CredentialStore>,
     pub(crate) tls_server: Arc<rustls::ServerConfig>,
     pub(crate) client: UpstreamClient,
     /// HTTP/1.1-only upstream client: an `Upgrade` (WebSocket) cannot travel over h2.
@@ -62,16 +64,30 @@ impl std::fmt::Debug for EgressState {
     }
 }
 
+/// The shared parts the proxy is built from.
+pub struct EgressDeps {
+    pub identities: Arc<IdentityRegistry>,
+    pub policy: Arc<PolicyEngine>,
+    pub resolver: Arc<Resolver>,
+    pub minter: Arc<LeafMinter>,
+    pub credentials: Arc<CredentialStore>,
+    pub log: DecisionLog,
+}
+
 impl EgressState {
     pub fn new(
         config: ProxyConfig,
-        identities: Arc<IdentityRegistry>,
-        policy: Arc<PolicyEngine>,
-        resolver: Arc<Resolver>,
-        minter: Arc<LeafMinter>,
+        deps: EgressDeps,
         upstream_tls: rustls::ClientConfig,
-        log: DecisionLog,
     ) -> Result<EgressState, crate::tls::TlsSetupError> {
+        let EgressDeps {
+            identities,
+            policy,
+            resolver,
+            minter,
+            credentials,
+            log,
+        } = deps;
         let client = upstream_client(&config, &resolver, upstream_tls.clone(), false);
         let client_h1 = upstream_client(&config, &resolver, upstream_tls, true);
         let tls_server = crate::tls::interception_server_config(minter.clone())?;
@@ -82,6 +98,7 @@ impl EgressState {
             policy,
             resolver,
             minter,
+            credentials,
             tls_server,
             client,
             client_h1,

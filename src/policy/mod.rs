@@ -405,6 +405,8 @@ fn build_generation(dir: &Path, number: u64) -> Result<Generation, PolicyError> 
     let files = walk(dir)?;
     let mut engine = regorus::Engine::new();
     engine.set_rego_v0(false);
+    // OPA semantics: a built-in called with the wrong types is undefined, not an error.
+    engine.set_strict_builtin_errors(false);
     let mut names = Vec::new();
     for (rel, path) in &files.rego {
         let text = std::fs::read_to_string(path).map_err(|e| PolicyError::File {
@@ -469,4 +471,31 @@ fn build_generation(dir: &Path, number: u64) -> Result<Generation, PolicyError> 
         engine,
         present_layers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bundled() -> PolicyEngine {
+        PolicyEngine::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap()
+    }
+
+    #[test]
+    fn bundled_credential_layer_allows_a_matching_destination() {
+        let engine = bundled();
+        let input = Value::from(serde_json::json!({
+            "credential": {"name": "x", "workspace": "ws", "user": null,
+                "destinations": [{"host": "api.a.test", "ports": [8443], "methods": [], "path_prefix": null}]},
+            "sandbox": {"id": "sb", "workspace": "ws", "labels": {}, "allow_domains": []},
+            "destination": {"host": "api.a.test", "port": 8443, "ip": null, "scheme": "https", "match_names": ["api.a.test"]},
+            "request": {"method": "GET", "path": "/"}
+        }));
+        let mut engine_for_errors = engine.current().engine.clone();
+        engine_for_errors.set_input(input.clone());
+        let raw = engine_for_errors.eval_rule("data.sandgate_internal.credential.decision".into());
+        assert!(raw.is_ok(), "{raw:?}");
+        let decision = engine.evaluate("credential", input);
+        assert!(decision.allowed, "{:?}", decision.reasons);
+    }
 }

@@ -283,6 +283,22 @@ pub struct IdentitySpec {
     pub id: &'static str,
     pub workspace: &'static str,
     pub allow_domains: Vec<&'static str>,
+    pub credentials: Vec<&'static str>,
+}
+
+impl IdentitySpec {
+    pub fn new(
+        id: &'static str,
+        workspace: &'static str,
+        allow_domains: Vec<&'static str>,
+    ) -> Self {
+        IdentitySpec {
+            id,
+            workspace,
+            allow_domains,
+            credentials: Vec::new(),
+        }
+    }
 }
 
 /// An in-process gateway plus the files it was given.
@@ -305,11 +321,11 @@ pub struct GatewayOptions {
 impl Default for GatewayOptions {
     fn default() -> Self {
         GatewayOptions {
-            identities: vec![IdentitySpec {
-                id: "sb-a",
-                workspace: "ws-a",
-                allow_domains: vec!["api.a.test", "*.wild.test", "plain.test", "meta.test"],
-            }],
+            identities: vec![IdentitySpec::new(
+                "sb-a",
+                "ws-a",
+                vec!["api.a.test", "*.wild.test", "plain.test", "meta.test"],
+            )],
             hosts: vec![
                 ("api.a.test", "127.0.0.1"),
                 ("api.b.test", "127.0.0.1"),
@@ -326,6 +342,12 @@ impl Default for GatewayOptions {
 
 impl Gateway {
     pub async fn start(options: GatewayOptions) -> Gateway {
+        Gateway::try_start(options)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    pub async fn try_start(options: GatewayOptions) -> Result<Gateway, String> {
         init();
         let dir = tempfile::tempdir().unwrap();
         let policy_dir = dir.path().join("policies");
@@ -366,24 +388,29 @@ impl Gateway {
             "[log]\ndecisions = {:?}\n",
             decision_log.display().to_string()
         ));
+        toml.push_str(&format!(
+            "[store]\npath = {:?}\n[secrets]\nmaster_key_file = {:?}\n",
+            dir.path().join("data/sandgate.db").display().to_string(),
+            dir.path().join("data/master.key").display().to_string()
+        ));
         toml.push_str(&options.extra_toml);
         toml.push_str("[egress]\nallow_private = [\"127.0.0.0/8\"]\n");
         for identity in &options.identities {
             toml.push_str(&format!(
-                "[[egress.identities]]\nid = {:?}\ntoken = {:?}\nworkspace = {:?}\nallow_domains = {:?}\n",
-                identity.id, TOKEN, identity.workspace, identity.allow_domains
+                "[[egress.identities]]\nid = {:?}\ntoken = {:?}\nworkspace = {:?}\nallow_domains = {:?}\ncredentials = {:?}\n",
+                identity.id, TOKEN, identity.workspace, identity.allow_domains, identity.credentials
             ));
         }
-        let config = Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-        let server = Server::start(config).await.unwrap();
+        let config = Config::from_toml(&toml).map_err(|e| format!("{e}\n{toml}"))?;
+        let server = Server::start(config).await.map_err(|e| e.to_string())?;
         let sandgate_ca_pem = std::fs::read(server.ca_cert_path()).unwrap();
-        Gateway {
+        Ok(Gateway {
             server,
             dir,
             policy_dir,
             decision_log,
             sandgate_ca_pem,
-        }
+        })
     }
 
     pub fn proxy_url(&self, id: &str, token: &str) -> String {

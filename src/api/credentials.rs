@@ -1,0 +1,191 @@
+//! `/v1/workspaces/{ws}/credentials[/{name}]`: create, list, read, replace (rotate), delete.
+//! Responses carry metadata only; a secret goes in and never comes out.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::auth::Caller;
+use super::body::JsonBody;
+use super::ApiState;
+use crate::credentials::{Apply, CredentialError, CredentialMeta, DestinationRule, Secret};
+use crate::error::ErrorReply;
+
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/v1/workspaces/{ws}/credentials", get(list).post(create))
+        .route(
+            "/v1/workspaces/{ws}/credentials/{name}",
+            get(read).put(replace).delete(remove),
+        )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CredentialBody {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+    /// Required on create; optional on replace (absent keeps the current secret).
+    #[serde(default)]
+    secret: Option<Secret>,
+    destinations: Vec<DestinationRule>,
+    apply: Apply,
+    #[serde(default)]
+    placeholder_env: Option<String>,
+}
+
+fn forbidden(ws: &str) -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!("this principal may not manage credentials of workspace {ws:?}"),
+    )
+}
+
+fn error_reply(e: CredentialError) -> ErrorReply {
+    match e {
+        CredentialError::Invalid { field, message } => ErrorReply::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("`{field}`: {message}"),
+        )
+        .with_details(json!({"field": field})),
+        CredentialError::Exists { .. } => {
+            ErrorReply::new(StatusCode::CONFLICT, "already_exists", e.to_string())
+        }
+        CredentialError::NotFound { .. } => {
+            ErrorReply::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
+        }
+        other => {
+            tracing::error!(error = %other, "credential operation failed");
+            ErrorReply::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the credential could not be stored",
+            )
+        }
+    }
+}
+
+async fn list(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(ws): Path<String>,
+) -> Response {
+    if !caller.may_manage(&ws) {
+        return forbidden(&ws).into_response();
+    }
+    Json(json!({"credentials": state.credentials.list(&ws)})).into_response()
+}
+
+async fn read(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path((ws, name)): Path<(String, String)>,
+) -> Response {
+    if !caller.may_manage(&ws) {
+        return forbidden(&ws).into_response();
+    }
+    match state.credentials.get(&ws, &name) {
+        Some(c) => Json(&c.meta).into_response(),
+        None => error_reply(CredentialError::NotFound {
+            workspace: ws,
+            name,
+        })
+        .into_response(),
+    }
+}
+
+async fn create(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(ws): Path<String>,
+    JsonBody(body): JsonBody<CredentialBody>,
+) -> Response {
+    if !caller.may_manage(&ws) {
+        return forbidden(&ws).into_response();
+    }
+    let Some(name) = body.name.clone() else {
+        return error_reply(CredentialError::Invalid {
+            field: "name".into(),
+            message: "required".into(),
+        })
+        .into_response();
+    };
+    let meta = CredentialMeta {
+        workspace: ws,
+        user: body.user,
+        name,
+        destinations: body.destinations,
+        apply: body.apply,
+        placeholder_env: body.placeholder_env,
+    };
+    if body.secret.is_none() {
+        return error_reply(CredentialError::Invalid {
+            field: "secret".into(),
+            message: "required".into(),
+        })
+        .into_response();
+    }
+    match state.credentials.put(meta, body.secret, false).await {
+        Ok(meta) => (StatusCode::CREATED, Json(meta)).into_response(),
+        Err(e) => error_reply(e).into_response(),
+    }
+}
+
+async fn replace(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path((ws, name)): Path<(String, String)>,
+    JsonBody(body): JsonBody<CredentialBody>,
+) -> Response {
+    if !caller.may_manage(&ws) {
+        return forbidden(&ws).into_response();
+    }
+    if body.name.as_deref().is_some_and(|n| n != name) {
+        return error_reply(CredentialError::Invalid {
+            field: "name".into(),
+            message: "does not match the URL; credentials cannot be renamed".into(),
+        })
+        .into_response();
+    }
+    if state.credentials.get(&ws, &name).is_none() {
+        return error_reply(CredentialError::NotFound {
+            workspace: ws,
+            name,
+        })
+        .into_response();
+    }
+    let meta = CredentialMeta {
+        workspace: ws,
+        user: body.user,
+        name,
+        destinations: body.destinations,
+        apply: body.apply,
+        placeholder_env: body.placeholder_env,
+    };
+    match state.credentials.put(meta, body.secret, true).await {
+        Ok(meta) => Json(meta).into_response(),
+        Err(e) => error_reply(e).into_response(),
+    }
+}
+
+async fn remove(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path((ws, name)): Path<(String, String)>,
+) -> Response {
+    if !caller.may_manage(&ws) {
+        return forbidden(&ws).into_response();
+    }
+    match state.credentials.delete(&ws, &name).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => error_reply(e).into_response(),
+    }
+}

@@ -1,0 +1,73 @@
+//! `GET /v1/identities/{id}/env`: what to put in a sandbox's environment so its traffic goes
+//! through sandgate: the proxy variables (the token part left as `{token}`: the token is
+//! shown once, when a sandbox is created, never again), the CA variables, and one
+//! placeholder variable per bound credential.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+
+use super::auth::Caller;
+use super::ApiState;
+use crate::error::ErrorReply;
+
+/// Environment variables common tools read for an extra CA bundle.
+pub const CA_ENV_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+    "AWS_CA_BUNDLE",
+];
+
+pub fn routes() -> Router<ApiState> {
+    Router::new().route("/v1/identities/{id}/env", get(env))
+}
+
+async fn env(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Response {
+    let identity = match state.identities.get(&id) {
+        Some(identity) if caller.may_manage(&identity.workspace) => identity,
+        // The same answer for "absent" and "not yours": ids of other workspaces stay private.
+        _ => {
+            return ErrorReply::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no identity {id:?} in your workspace"),
+            )
+            .into_response()
+        }
+    };
+    let proxy = format!("http://{}:{{token}}@{}", identity.id, state.proxy_addr);
+    let mut env = BTreeMap::new();
+    for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+        env.insert(var.to_string(), proxy.clone());
+    }
+    env.insert("NO_PROXY".into(), "localhost,127.0.0.1,::1".into());
+    env.insert("no_proxy".into(), "localhost,127.0.0.1,::1".into());
+    let ca = state.ca_cert_path.display().to_string();
+    for var in CA_ENV_VARS {
+        env.insert(var.to_string(), ca.clone());
+    }
+    let mut placeholders = BTreeMap::new();
+    for binding in &identity.bindings {
+        placeholders.insert(binding.name.clone(), binding.placeholder.clone());
+        if let Some(credential) = state.credentials.get(&identity.workspace, &binding.name) {
+            if let Some(var) = &credential.meta.placeholder_env {
+                env.insert(var.clone(), binding.placeholder.clone());
+            }
+        }
+    }
+    Json(json!({"id": identity.id, "workspace": identity.workspace, "env": env, "placeholders": placeholders}))
+        .into_response()
+}

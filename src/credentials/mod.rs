@@ -1,0 +1,404 @@
+//! Workspace-scoped credentials, applied outside the sandbox.
+//!
+//! Contract:
+//! - A credential belongs to a workspace (optionally one user in it), has a name, a secret,
+//!   the destinations where it may be used (`{host, ports, methods, path_prefix}`; host exact
+//!   or `*.suffix`), and how it is applied: a header from a template (`Bearer {secret}`),
+//!   HTTP basic auth, or a query parameter.
+//! - Secrets are sealed (AES-256-GCM under the master key) before they reach the database
+//!   and are held in memory only as [`Secret`]. No response, log line, decision record or
+//!   error message contains one. Rotation replaces the secret and leaves bindings alone.
+//! - A sandbox binds credentials by name; only its own workspace's (and user's) can be bound.
+//! - Per request inside an intercepted tunnel: every bound credential whose destinations
+//!   match is authorized by the `sandgate.credential` policy layer with destination context
+//!   and then applied (replacing what the sandbox sent in that place); a refusal refuses the
+//!   request (403 `credential_denied`), it is never forwarded without the credential.
+//!   Placeholders (`sgph_…`, one per sandbox and credential) found in headers or the query
+//!   are replaced by the secret for matching destinations; any placeholder on a request to
+//!   another destination, or one that is not this sandbox's, refuses the request (403
+//!   `credential_destination_mismatch`): a placeholder never reaches an upstream.
+
+pub mod apply;
+pub mod seal;
+pub mod secret;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+
+pub use seal::MasterKey;
+pub use secret::Secret;
+
+use crate::store::Store;
+
+/// Where a credential may be used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestinationRule {
+    /// Exact host or `*.suffix`.
+    pub host: String,
+    /// Allowed ports; empty means 443 only.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    /// Allowed methods (upper case); empty means any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Path prefix the request path must start with; empty means any.
+    #[serde(default)]
+    pub path_prefix: Option<String>,
+}
+
+impl DestinationRule {
+    pub fn matches(&self, host: &str, port: u16, method: &str, path: &str) -> bool {
+        let port_ok = if self.ports.is_empty() {
+            port == 443
+        } else {
+            self.ports.contains(&port)
+        };
+        port_ok
+            && crate::domain::matches(&self.host, host)
+            && (self.methods.is_empty()
+                || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method)))
+            && self
+                .path_prefix
+                .as_deref()
+                .is_none_or(|prefix| path.starts_with(prefix))
+    }
+}
+
+/// How the secret is put on a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Apply {
+    /// `name: template` with `{secret}` replaced, e.g. `Authorization: Bearer {secret}`.
+    Header { name: String, template: String },
+    /// `Authorization: Basic base64(username:secret)`.
+    Basic { username: String },
+    /// `?param=secret` (replacing any value the sandbox sent for it).
+    Query { param: String },
+}
+
+/// Everything about a credential except its secret: what the API returns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialMeta {
+    pub workspace: String,
+    #[serde(default)]
+    pub user: Option<String>,
+    pub name: String,
+    pub destinations: Vec<DestinationRule>,
+    pub apply: Apply,
+    /// Environment variable a sandbox receives its placeholder in (e.g. `GITHUB_TOKEN`).
+    #[serde(default)]
+    pub placeholder_env: Option<String>,
+}
+
+impl CredentialMeta {
+    /// Checks the fields; errors are `(field, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |field: &str, message: String| Err((field.to_string(), message));
+        if !valid_name(&self.name) {
+            return bad("name", "use 1-64 of a-z, 0-9, '-', '_', '.'".into());
+        }
+        if self.workspace.is_empty() {
+            return bad("workspace", "must not be empty".into());
+        }
+        if self.destinations.is_empty() {
+            return bad(
+                "destinations",
+                "at least one destination is required".into(),
+            );
+        }
+        for (i, d) in self.destinations.iter().enumerate() {
+            crate::domain::validate_pattern(&d.host)
+                .or_else(|m| bad(&format!("destinations[{i}].host"), m))?;
+            if let Some(prefix) = &d.path_prefix {
+                if !prefix.starts_with('/') {
+                    return bad(
+                        &format!("destinations[{i}].path_prefix"),
+                        "must start with '/'".into(),
+                    );
+                }
+            }
+        }
+        match &self.apply {
+            Apply::Header { name, template } => {
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    return bad("apply.name", format!("{name:?} is not a header name"));
+                }
+                if !template.contains("{secret}") {
+                    return bad("apply.template", "must contain {secret}".into());
+                }
+            }
+            Apply::Basic { username } => {
+                if username.contains(':') {
+                    return bad("apply.username", "must not contain ':'".into());
+                }
+            }
+            Apply::Query { param } => {
+                if param.is_empty() || param.contains(['&', '=', '#']) {
+                    return bad("apply.param", "not a query parameter name".into());
+                }
+            }
+        }
+        if let Some(env) = &self.placeholder_env {
+            if env.is_empty()
+                || !env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                || env.starts_with(|c: char| c.is_ascii_digit())
+            {
+                return bad(
+                    "placeholder_env",
+                    format!("{env:?} is not an environment variable name"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn seal_context(&self) -> String {
+        format!("credential\n{}\n{}", self.workspace, self.name)
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'))
+}
+
+/// A credential as declared in the config file: the secret comes from `secret_env` or
+/// `secret_file`, never inline.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialConfig {
+    pub workspace: String,
+    #[serde(default)]
+    pub user: Option<String>,
+    pub name: String,
+    pub destinations: Vec<DestinationRule>,
+    pub apply: Apply,
+    #[serde(default)]
+    pub placeholder_env: Option<String>,
+    /// Environment variable holding the secret.
+    #[serde(default)]
+    pub secret_env: Option<String>,
+    /// File holding the secret (trailing newline removed).
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+}
+
+impl CredentialConfig {
+    pub fn meta(&self) -> CredentialMeta {
+        CredentialMeta {
+            workspace: self.workspace.clone(),
+            user: self.user.clone(),
+            name: self.name.clone(),
+            destinations: self.destinations.clone(),
+            apply: self.apply.clone(),
+            placeholder_env: self.placeholder_env.clone(),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        self.meta().validate()?;
+        match (&self.secret_env, &self.secret_file) {
+            (Some(_), None) | (None, Some(_)) => Ok(()),
+            _ => Err((
+                "secret_env".into(),
+                "set exactly one of secret_env or secret_file (secrets are never inline)".into(),
+            )),
+        }
+    }
+
+    pub fn read_secret(&self) -> Result<Secret, CredentialError> {
+        let missing = |reason: String| CredentialError::SecretSource {
+            name: self.name.clone(),
+            reason,
+        };
+        if let Some(var) = &self.secret_env {
+            let value = std::env::var(var)
+                .map_err(|_| missing(format!("environment variable {var} is not set")))?;
+            return Ok(Secret::new(value));
+        }
+        if let Some(path) = &self.secret_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| missing(format!("{}: {e}", path.display())))?;
+            return Ok(Secret::new(text.trim_end_matches(['\r', '\n'])));
+        }
+        Err(missing("no secret source".into()))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialError {
+    #[error("credential {name:?}: {reason}")]
+    SecretSource { name: String, reason: String },
+    #[error("invalid credential field `{field}`: {message}")]
+    Invalid { field: String, message: String },
+    #[error("credential {name:?} already exists in workspace {workspace:?}")]
+    Exists { workspace: String, name: String },
+    #[error("no credential {name:?} in workspace {workspace:?}")]
+    NotFound { workspace: String, name: String },
+    #[error(transparent)]
+    Seal(#[from] seal::SealError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// A credential ready to apply.
+#[derive(Debug)]
+pub struct Credential {
+    pub meta: CredentialMeta,
+    pub secret: Secret,
+    /// Bumped on every change, so callers can tell a rotation happened.
+    pub version: i64,
+    /// `input.credential` for the credential policy layer, built once.
+    pub policy_value: regorus::Value,
+}
+
+/// The credential set: sealed in the store, open in memory for the request path.
+pub struct CredentialStore {
+    key: Arc<MasterKey>,
+    store: Store,
+    by_name: RwLock<HashMap<(String, String), Arc<Credential>>>,
+}
+
+impl std::fmt::Debug for CredentialStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialStore").finish_non_exhaustive()
+    }
+}
+
+impl CredentialStore {
+    /// Loads every stored credential, then upserts the ones declared in config (config wins
+    /// for its own names, so editing the file and restarting rotates them).
+    pub async fn load(
+        key: Arc<MasterKey>,
+        store: Store,
+        declared: &[CredentialConfig],
+    ) -> Result<CredentialStore, CredentialError> {
+        let credentials = CredentialStore {
+            key,
+            store,
+            by_name: RwLock::new(HashMap::new()),
+        };
+        for row in credentials.store.list_credentials().await? {
+            let meta: CredentialMeta =
+                serde_json::from_str(&row.meta_json).map_err(|e| CredentialError::Invalid {
+                    field: format!("stored credential {}/{}", row.workspace, row.name),
+                    message: e.to_string(),
+                })?;
+            let secret = credentials.key.open(&row.sealed, &meta.seal_context())?;
+            credentials.insert_cached(meta, secret, row.version);
+        }
+        for declared in declared {
+            let secret = declared.read_secret()?;
+            credentials.put(declared.meta(), Some(secret), true).await?;
+        }
+        Ok(credentials)
+    }
+
+    pub fn key(&self) -> &MasterKey {
+        &self.key
+    }
+
+    fn insert_cached(&self, meta: CredentialMeta, secret: Secret, version: i64) {
+        let key = (meta.workspace.clone(), meta.name.clone());
+        let policy_value = regorus::Value::from(serde_json::json!({
+            "name": meta.name, "workspace": meta.workspace, "user": meta.user,
+            "destinations": meta.destinations,
+        }));
+        let credential = Arc::new(Credential {
+            meta,
+            secret,
+            version,
+            policy_value,
+        });
+        self.by_name
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, credential);
+    }
+
+    pub fn get(&self, workspace: &str, name: &str) -> Option<Arc<Credential>> {
+        self.by_name
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(workspace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    pub fn list(&self, workspace: &str) -> Vec<CredentialMeta> {
+        let mut out: Vec<CredentialMeta> = self
+            .by_name
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|c| c.meta.workspace == workspace)
+            .map(|c| c.meta.clone())
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Creates (`upsert` false: an existing name is an error) or replaces a credential.
+    /// `secret: None` keeps the current secret (metadata-only update).
+    pub async fn put(
+        &self,
+        meta: CredentialMeta,
+        secret: Option<Secret>,
+        upsert: bool,
+    ) -> Result<CredentialMeta, CredentialError> {
+        meta.validate()
+            .map_err(|(field, message)| CredentialError::Invalid { field, message })?;
+        let existing = self.get(&meta.workspace, &meta.name);
+        if existing.is_some() && !upsert {
+            return Err(CredentialError::Exists {
+                workspace: meta.workspace,
+                name: meta.name,
+            });
+        }
+        let secret = match (secret, &existing) {
+            (Some(secret), _) => secret,
+            (None, Some(current)) => current.secret.clone(),
+            (None, None) => {
+                return Err(CredentialError::Invalid {
+                    field: "secret".into(),
+                    message: "a new credential needs a secret".into(),
+                })
+            }
+        };
+        if secret.is_empty() {
+            return Err(CredentialError::Invalid {
+                field: "secret".into(),
+                message: "must not be empty".into(),
+            });
+        }
+        let sealed = self.key.seal(&secret, &meta.seal_context())?;
+        let meta_json = serde_json::to_string(&meta).expect("credential metadata serializes");
+        let version = self
+            .store
+            .upsert_credential(&meta.workspace, &meta.name, &meta_json, &sealed)
+            .await?;
+        self.insert_cached(meta.clone(), secret, version);
+        Ok(meta)
+    }
+
+    pub async fn delete(&self, workspace: &str, name: &str) -> Result<(), CredentialError> {
+        let removed = self.store.delete_credential(workspace, name).await?;
+        self.by_name
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(workspace.to_string(), name.to_string()));
+        if !removed {
+            return Err(CredentialError::NotFound {
+                workspace: workspace.into(),
+                name: name.into(),
+            });
+        }
+        Ok(())
+    }
+}
