@@ -1,0 +1,457 @@
+//! The `sandgate` binary as a user runs it: `serve` with a config file, `ca`, `policy`, and
+//! what it prints (no secret ever reaches its logs).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandgate");
+
+/// A running `sandgate serve` whose stdout and stderr are captured line by line.
+struct Running {
+    child: Child,
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+    proxy: String,
+    api: String,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn capture(stream: impl std::io::Read + Send + 'static) -> Arc<Mutex<Vec<String>>> {
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    lines
+}
+
+fn serve(dir: &Path, config: &str, envs: &[(&str, &str)]) -> Running {
+    let config_path = dir.join("sandgate.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&config_path)
+        .current_dir(dir)
+        .envs(envs.iter().copied())
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = capture(child.stdout.take().unwrap());
+    let stderr = capture(child.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = stderr.lock().unwrap().iter().find_map(|l| {
+            l.strip_prefix("sandgate: proxy on http://")
+                .map(str::to_string)
+        });
+        if let Some(rest) = found {
+            let proxy = rest.split_whitespace().next().unwrap().to_string();
+            let api = rest
+                .split("API on http://")
+                .nth(1)
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap()
+                .to_string();
+            return Running {
+                child,
+                stdout,
+                stderr,
+                proxy,
+                api,
+            };
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "sandgate exited with {status}: {:?}",
+                stderr.lock().unwrap()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sandgate did not start: {:?}",
+            stderr.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn base_config(dir: &Path) -> String {
+    format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[tls]\nca_dir = {:?}\n[store]\npath = {:?}\n[secrets]\nmaster_key_file = {:?}\n[policy]\ndir = {:?}\n",
+        dir.join("certs").display().to_string(),
+        dir.join("data/sandgate.db").display().to_string(),
+        dir.join("data/master.key").display().to_string(),
+        dir.join("policies").display().to_string(),
+    )
+}
+
+#[test]
+fn serve_on_a_config_file_answers_health_and_metrics_and_writes_its_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &base_config(dir.path()), &[]);
+    let health: serde_json::Value =
+        reqwest::blocking_get(&format!("http://{}/healthz", running.api));
+    assert_eq!(health["status"], "ok");
+    assert!(health["policy"]["generation"].as_u64().unwrap() >= 1);
+    // The bundled policies were written because the directory did not exist.
+    assert!(dir.path().join("policies/egress.rego").exists());
+    use std::os::unix::fs::PermissionsExt;
+    for key in ["certs/ca.key", "data/master.key"] {
+        let mode = std::fs::metadata(dir.path().join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{key}");
+    }
+    assert!(std::fs::read_to_string(dir.path().join("certs/ca.pem"))
+        .unwrap()
+        .starts_with("-----BEGIN CERTIFICATE-----"));
+    // An unauthenticated proxy request is refused and shows up in the metrics.
+    let status = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x"])
+        .arg(format!("http://{}", running.proxy))
+        .arg("http://example.test/")
+        .output();
+    if let Ok(out) = status {
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
+    }
+    let metrics = reqwest::blocking_text(&format!("http://{}/metrics", running.api));
+    assert!(metrics.contains("sandgate_"), "{metrics}");
+}
+
+#[test]
+fn an_unknown_config_key_is_a_startup_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[proxy]\nlistn = \"127.0.0.1:0\"\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("proxy.listn"), "{stderr}");
+}
+
+#[test]
+fn ca_init_show_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[tls]\nca_dir = {:?}\n",
+            dir.path().join("ca").display().to_string()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (ok, _) = run(&["ca", "show"]);
+    assert!(!ok, "show before init fails");
+    let (ok, text) = run(&["ca", "init"]);
+    assert!(ok && text.contains("generated"), "{text}");
+    let (ok, text) = run(&["ca", "init"]);
+    assert!(ok && text.contains("already present"), "{text}");
+    let (ok, path) = run(&["ca", "path"]);
+    assert!(ok);
+    let (ok, pem) = run(&["ca", "show"]);
+    assert!(ok);
+    assert_eq!(std::fs::read_to_string(path.trim()).unwrap(), pem);
+}
+
+#[test]
+fn policy_test_runs_the_bundled_tests_and_fails_a_broken_one() {
+    let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let out = Command::new(BIN)
+        .args(["policy", "test"])
+        .arg(&policies)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&policies).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("broken_test.rego"),
+        "package broken_test\nimport rego.v1\nimport data.sandgate.egress\ntest_everything_allowed if egress.allow with input as {}\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["policy", "test"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAIL: broken_test.test_everything_allowed"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(", 1 failed"), "{stdout}");
+
+    std::fs::write(dir.path().join("syntax.rego"), "package x\nallow if {{{\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["policy", "check"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("syntax.rego:"));
+
+    // eval prints the decision with its reasons.
+    let input = dir.path().join("input.json");
+    std::fs::write(
+        &input,
+        r#"{"phase":"connect","sandbox":{"id":"s","workspace":"w","labels":{},"allow_domains":["a.test"]},
+            "destination":{"host":"b.test","port":443,"ip":null,"scheme":"connect","match_names":["b.test","*.test"]}}"#,
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["policy", "eval", "--layer", "egress", "--input"])
+        .arg(&input)
+        .arg("--dir")
+        .arg(&policies)
+        .output()
+        .unwrap();
+    let decision: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(decision["allowed"], false);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+/// Every secret a run handles, through every path: config-file credential injected by
+/// header, placeholders resolved and refused, API-created and rotated credentials, a
+/// malformed API body carrying a secret. None of them may appear in stdout (the decision
+/// log) or stderr (diagnostics at debug level).
+#[test]
+fn no_secret_reaches_any_log_line() {
+    init();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let ca = TestCa::new();
+    let origin = runtime.block_on(start_origin(Some(
+        ca.server_config(&["api.a.test", "api.b.test"]),
+    )));
+    let dir = tempfile::tempdir().unwrap();
+    let file_secret = "file-secret-9c2b7e11";
+    let env_secret = "env-secret-41d0aa3f";
+    let api_secret = "api-secret-77e1c0de";
+    let rotated_secret = "rotated-secret-0b5e";
+    let body_secret = "body-secret-5a5a5a5a";
+    std::fs::write(dir.path().join("secret"), file_secret).unwrap();
+    let port = origin.port();
+    let config = base_config(dir.path())
+        + &format!(
+            r#"[dns.hosts]
+"api.a.test" = "127.0.0.1"
+"api.b.test" = "127.0.0.1"
+[egress]
+allow_private = ["127.0.0.0/8"]
+[[egress.identities]]
+id = "sb-a"
+token = "{TOKEN}"
+workspace = "ws-a"
+allow_domains = ["api.a.test", "api.b.test"]
+credentials = ["file", "env"]
+[[api.tokens]]
+token_env = "TEST_API_TOKEN"
+principal = "alice"
+workspace = "ws-a"
+[[credentials]]
+workspace = "ws-a"
+name = "file"
+secret_file = {file:?}
+destinations = [{{ host = "api.a.test", ports = [{port}] }}]
+apply = {{ type = "header", name = "authorization", template = "Bearer {{secret}}" }}
+[[credentials]]
+workspace = "ws-a"
+name = "env"
+secret_env = "TEST_ENV_SECRET"
+destinations = [{{ host = "api.a.test", ports = [{port}], path_prefix = "/basic/" }}]
+apply = {{ type = "basic", username = "bot" }}
+"#,
+            file = dir.path().join("secret").display().to_string()
+        );
+    // upstream trust for the test origin
+    let config = config.replace(
+        "[store]",
+        &format!(
+            "upstream_ca_files = [{:?}]\n[store]",
+            ca.pem_path.display().to_string()
+        ),
+    );
+    let api_token = "api-token-for-log-test-123";
+    let running = serve(
+        dir.path(),
+        &config,
+        &[
+            ("TEST_ENV_SECRET", env_secret),
+            ("TEST_API_TOKEN", api_token),
+        ],
+    );
+    let sandgate_ca = std::fs::read(dir.path().join("certs/ca.pem")).unwrap();
+    runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .proxy(reqwest::Proxy::all(format!("http://sb-a:{TOKEN}@{}", running.proxy)).unwrap())
+            .tls_certs_only([reqwest::Certificate::from_pem(&sandgate_ca).unwrap()])
+            .build()
+            .unwrap();
+        let api = reqwest::Client::new();
+        let env: serde_json::Value = api
+            .get(format!("http://{}/v1/identities/sb-a/env", running.api))
+            .bearer_auth(api_token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let placeholder = env["placeholders"]["file"].as_str().unwrap().to_string();
+        let a = format!("https://api.a.test:{port}");
+        let b = format!("https://api.b.test:{port}");
+        let first = client.get(format!("{a}/x")).send().await.unwrap();
+        assert_eq!(first.status(), 200, "{:?}", first.text().await);
+        let basic = client.get(format!("{a}/basic/b")).send().await.unwrap();
+        assert_eq!(basic.status(), 200);
+        assert_eq!(
+            client
+                .get(format!("{a}/y?k={placeholder}"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        assert_eq!(
+            client
+                .get(format!("{b}/z"))
+                .header("authorization", format!("Bearer {placeholder}"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            403
+        );
+        let base = format!("http://{}/v1/workspaces/ws-a/credentials", running.api);
+        let created = api
+            .post(&base)
+            .bearer_auth(api_token)
+            .json(&serde_json::json!({"name": "api", "secret": api_secret,
+                "destinations": [{"host": "api.b.test", "ports": [port]}],
+                "apply": {"type": "query", "param": "key"}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status(), 201);
+        let rotated = api
+            .put(format!("{base}/api"))
+            .bearer_auth(api_token)
+            .json(&serde_json::json!({"secret": rotated_secret,
+                "destinations": [{"host": "api.b.test", "ports": [port]}],
+                "apply": {"type": "query", "param": "key"}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(rotated.status(), 200);
+        let bad = api
+            .post(&base)
+            .bearer_auth(api_token)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"name": 5, "secret": "{body_secret}"}}"#))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(bad.status(), 400);
+        assert!(!bad.text().await.unwrap().contains(body_secret));
+        // The origin did receive the real secrets: they were used, just never logged.
+        let seen = origin.seen.lock().unwrap().clone();
+        assert!(seen
+            .iter()
+            .any(|s| s.headers.values().any(|v| v.contains(file_secret))));
+        assert!(seen.iter().any(|s| s.path.contains(file_secret)));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let stdout = running.stdout.lock().unwrap().clone();
+    let stderr = running.stderr.lock().unwrap().clone();
+    assert!(
+        stdout.len() >= 3,
+        "decision records were written: {stdout:?}"
+    );
+    assert!(
+        stdout
+            .iter()
+            .any(|l| l.contains("\"credentials\":[\"file\",\"env\"]")),
+        "{stdout:?}"
+    );
+    use base64::Engine as _;
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("bot:{env_secret}"));
+    for secret in [
+        file_secret,
+        env_secret,
+        api_secret,
+        rotated_secret,
+        body_secret,
+        api_token,
+        TOKEN,
+        basic.as_str(),
+    ] {
+        for line in stdout.iter().chain(stderr.iter()) {
+            assert!(
+                !line.contains(secret),
+                "a log line contains a secret: {line}"
+            );
+        }
+    }
+}
+
+mod reqwest {
+    pub use ::reqwest::*;
+
+    pub fn blocking_get(url: &str) -> serde_json::Value {
+        let url = url.to_string();
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(async move { ::reqwest::get(url).await.unwrap().json().await.unwrap() })
+    }
+
+    pub fn blocking_text(url: &str) -> String {
+        let url = url.to_string();
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(async move { ::reqwest::get(url).await.unwrap().text().await.unwrap() })
+    }
+}
