@@ -1,0 +1,331 @@
+//! cgroup v1 controllers for sandboxes: freezer (pause/resume and reliable tree kills),
+//! memory and cpu (limits).
+//!
+//! Each controller's sandbox groups are created *under the gateway's own group* of that
+//! controller (`<mount>/<own path>/<name>/<sandbox id>`), so any limit the gateway itself
+//! runs under still bounds its sandboxes. Every process of a sandbox joins the sandbox's
+//! memory and cpu groups; in the freezer hierarchy each exec (and the sandbox's init) gets
+//! its own child group so that one exec's whole process tree can be frozen and killed
+//! without touching the rest of the sandbox, while freezing the sandbox group freezes all.
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where the usable v1 controllers of this process live.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Controllers {
+    /// `<mount>/<own path>/<name>` for each controller that is mounted and writable.
+    pub freezer: Option<PathBuf>,
+    pub memory: Option<PathBuf>,
+    pub cpu: Option<PathBuf>,
+}
+
+impl Controllers {
+    /// Finds the v1 controllers from `/proc/self/mountinfo` and `/proc/self/cgroup` and
+    /// keeps those under which a `name` group can be created.
+    pub fn probe(name: &str) -> Controllers {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let find = |controller: &str, file: &str| -> Option<PathBuf> {
+            let mount = v1_mount(&mountinfo, controller)?;
+            let path = own_path(&own, controller)?;
+            let dir = mount.join(path.trim_start_matches('/')).join(name);
+            if !dir.is_dir() {
+                fs::create_dir(&dir).ok()?;
+            }
+            dir.join(file).exists().then_some(dir)
+        };
+        Controllers {
+            freezer: find("freezer", "freezer.state"),
+            memory: find("memory", "memory.limit_in_bytes"),
+            cpu: find("cpu", "cpu.cfs_quota_us"),
+        }
+    }
+}
+
+/// Mount point of the v1 hierarchy carrying `controller` (super options list it).
+fn v1_mount(mountinfo: &str, controller: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mut right = right.split_whitespace();
+        if right.next()? != "cgroup" {
+            return None;
+        }
+        let _source = right.next()?;
+        let options = right.next()?;
+        if !options.split(',').any(|o| o == controller) {
+            return None;
+        }
+        let mount_point = left.split_whitespace().nth(4)?;
+        Some(PathBuf::from(mount_point))
+    })
+}
+
+/// This process's path in the v1 hierarchy carrying `controller`.
+fn own_path(proc_cgroup: &str, controller: &str) -> Option<String> {
+    proc_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let _id = parts.next()?;
+        let controllers = parts.next()?;
+        let path = parts.next()?;
+        controllers
+            .split(',')
+            .any(|c| c == controller)
+            .then(|| path.to_string())
+    })
+}
+
+/// One sandbox's groups.
+#[derive(Debug)]
+pub(crate) struct SandboxCgroups {
+    pub freezer: Option<PathBuf>,
+    pub memory: Option<PathBuf>,
+    pub cpu: Option<PathBuf>,
+}
+
+impl SandboxCgroups {
+    pub fn create(controllers: &Controllers, id: &str) -> io::Result<SandboxCgroups> {
+        let make = |base: &Option<PathBuf>| -> io::Result<Option<PathBuf>> {
+            let Some(base) = base else { return Ok(None) };
+            let dir = base.join(id);
+            match fs::create_dir(&dir) {
+                Ok(()) => Ok(Some(dir)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Some(dir)),
+                Err(e) => Err(e),
+            }
+        };
+        Ok(SandboxCgroups {
+            freezer: make(&controllers.freezer)?,
+            memory: make(&controllers.memory)?,
+            cpu: make(&controllers.cpu)?,
+        })
+    }
+
+    /// Sets and reads back the memory limit; `Ok(false)` when there is no memory group.
+    pub fn set_memory(&self, bytes: u64) -> io::Result<bool> {
+        let Some(dir) = &self.memory else {
+            return Ok(false);
+        };
+        write(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
+        // Without this a process could spill to swap past the limit.
+        let memsw = dir.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            write(&memsw, &bytes.to_string())?;
+        }
+        let read: u64 = read_trim(&dir.join("memory.limit_in_bytes"))?
+            .parse()
+            .map_err(|_| io::Error::other("unparsable memory.limit_in_bytes"))?;
+        // The kernel rounds down to a page.
+        Ok(read <= bytes && read + 4096 * 16 > bytes)
+    }
+
+    /// Sets a CFS quota of `millis` thousandths of a CPU per 100 ms period.
+    pub fn set_cpu(&self, millis: u32) -> io::Result<bool> {
+        let Some(dir) = &self.cpu else {
+            return Ok(false);
+        };
+        let period: u64 = 100_000;
+        let quota = (u64::from(millis) * period / 1000).max(1000);
+        write(&dir.join("cpu.cfs_period_us"), &period.to_string())?;
+        write(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+        Ok(read_trim(&dir.join("cpu.cfs_quota_us"))? == quota.to_string())
+    }
+
+    /// Creates the freezer child group `name` (an exec or the init) and returns it.
+    pub fn freezer_child(&self, name: &str) -> io::Result<Option<PathBuf>> {
+        let Some(dir) = &self.freezer else {
+            return Ok(None);
+        };
+        let child = dir.join(name);
+        match fs::create_dir(&child) {
+            Ok(()) => Ok(Some(child)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Some(child)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The `cgroup.procs` files a new process of this sandbox must join, the freezer one
+    /// being `freezer_group` (a child made by [`Self::freezer_child`]).
+    pub fn join_files(&self, freezer_group: Option<&Path>) -> Vec<CString> {
+        [freezer_group, self.memory.as_deref(), self.cpu.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|dir| CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).ok())
+            .collect()
+    }
+
+    /// Every process id in the sandbox's groups (freezer tree, else memory/cpu groups).
+    pub fn pids(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        if let Some(dir) = &self.freezer {
+            collect_pids(dir, &mut out);
+        } else {
+            for dir in [&self.memory, &self.cpu].into_iter().flatten() {
+                collect_pids(dir, &mut out);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Removes the groups (children first). Fails while a process remains in them.
+    pub fn remove(&self) -> io::Result<()> {
+        for dir in [&self.freezer, &self.memory, &self.cpu]
+            .into_iter()
+            .flatten()
+        {
+            remove_tree(dir)?;
+        }
+        Ok(())
+    }
+}
+
+fn collect_pids(dir: &Path, out: &mut Vec<u32>) {
+    if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
+        out.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+    }
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                collect_pids(&entry.path(), out);
+            }
+        }
+    }
+}
+
+fn remove_tree(dir: &Path) -> io::Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    for entry in fs::read_dir(dir)?.flatten() {
+        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            remove_tree(&entry.path())?;
+        }
+    }
+    fs::remove_dir(dir)
+}
+
+pub(crate) fn write(path: &Path, value: &str) -> io::Result<()> {
+    fs::write(path, value).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+fn read_trim(path: &Path) -> io::Result<String> {
+    Ok(fs::read_to_string(path)?.trim().to_string())
+}
+
+/// Freezes (or thaws) a freezer group and waits, bounded, until the kernel reports the
+/// state reached. A group whose parent is frozen stays `FROZEN` when thawed; that is
+/// reported as success since nothing more can be done from here.
+pub(crate) async fn set_frozen(dir: &Path, frozen: bool) -> io::Result<()> {
+    let want = if frozen { "FROZEN" } else { "THAWED" };
+    write(&dir.join("freezer.state"), want)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = read_trim(&dir.join("freezer.state"))?;
+        if state == want || (!frozen && parent_freezing(dir)) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(io::Error::other(format!(
+                "{} stayed {state} instead of {want}",
+                dir.display()
+            )));
+        }
+        if frozen {
+            // A FREEZING group is retried by writing the state again.
+            write(&dir.join("freezer.state"), want)?;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn parent_freezing(dir: &Path) -> bool {
+    read_trim(&dir.join("freezer.parent_freezing")).is_ok_and(|v| v == "1")
+}
+
+/// Kills every process in a freezer group and its children: freeze (so nothing forks
+/// while we kill), SIGKILL each member, thaw (so the kills land). Returns once the group
+/// is empty or after a bounded wait.
+pub(crate) async fn kill_group(dir: &Path) -> io::Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let frozen = set_frozen(dir, true).await;
+    let mut pids = Vec::new();
+    collect_pids(dir, &mut pids);
+    for pid in &pids {
+        signal(*pid, libc::SIGKILL);
+    }
+    set_frozen(dir, false).await?;
+    frozen?;
+    if parent_freezing(dir) {
+        // The sandbox is paused: the kills land when it is resumed.
+        return Ok(());
+    }
+    wait_empty(dir, Duration::from_secs(10)).await
+}
+
+/// Waits until no process is left in a group or its children.
+pub(crate) async fn wait_empty(dir: &Path, limit: Duration) -> io::Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let mut pids = Vec::new();
+        collect_pids(dir, &mut pids);
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(io::Error::other(format!(
+                "processes {pids:?} still in {}",
+                dir.display()
+            )));
+        }
+        for pid in &pids {
+            signal(*pid, libc::SIGKILL);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub(crate) fn signal(pid: u32, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    if pid <= 1 {
+        return;
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_v1_mounts_and_own_paths() {
+        let mountinfo = "30 25 0:26 / /sys/fs/cgroup/freezer rw,relatime shared:12 - cgroup cgroup rw,freezer\n\
+                         31 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
+                         32 25 0:28 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            v1_mount(mountinfo, "freezer"),
+            Some(PathBuf::from("/sys/fs/cgroup/freezer"))
+        );
+        assert_eq!(
+            v1_mount(mountinfo, "cpu"),
+            Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"))
+        );
+        assert_eq!(v1_mount(mountinfo, "memory"), None);
+        let own = "6:freezer:/\n4:memory:/a/b\n1:cpu,cpuacct:/c\n0::/\n";
+        assert_eq!(own_path(own, "memory").as_deref(), Some("/a/b"));
+        assert_eq!(own_path(own, "cpu").as_deref(), Some("/c"));
+        assert_eq!(own_path(own, "pids"), None);
+    }
+}
