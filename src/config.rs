@@ -53,6 +53,67 @@ pub struct Config {
     pub secrets: SecretsConfig,
     /// Credentials declared in the file; their secrets come from the environment or a file.
     pub credentials: Vec<crate::credentials::CredentialConfig>,
+    /// `[[providers]]`: sandbox services (kind, declared capabilities); see `sandgate-router`.
+    pub providers: Vec<sandgate_router::ProviderConfig>,
+    /// `[[accounts]]`: provider accounts (credential reference, billing standing, labels).
+    pub accounts: Vec<sandgate_router::AccountConfig>,
+    /// `[[pools]]`: capacity on one provider and account that sandboxes are placed in.
+    pub pools: Vec<sandgate_router::PoolConfig>,
+    /// `[simulated.<pool>]`: behaviour of pools whose provider kind is `simulated` (a test and
+    /// demo provider; no pool uses it unless configured).
+    pub simulated: BTreeMap<String, crate::providers::simulated::SimulatedPoolConfig>,
+    /// Sandbox creation: response wait, idempotency, janitor, routing statistics.
+    pub create: CreateConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CreateConfig {
+    /// How long `POST /v1/sandboxes` waits for placement before answering `202` (the create
+    /// continues in the background), in milliseconds.
+    pub short_wait_ms: u64,
+    /// How long an `Idempotency-Key` keeps returning the same sandbox, in seconds.
+    pub idempotency_ttl_secs: u64,
+    /// How often the janitor runs (late instances, expired leases, expired keys), in ms.
+    pub janitor_interval_ms: u64,
+    /// Window of startup-latency and success samples the router ranks with, in seconds.
+    pub stats_window_secs: u64,
+    /// Time within which retryable failures (rate limit, provider error) are retried on the
+    /// same pool before the route advances, in milliseconds.
+    pub provisioning_window_ms: u64,
+    /// Pause between retries on one pool, in milliseconds.
+    pub retry_backoff_ms: u64,
+    /// After an unknown outcome, how long the provider is asked for the tagged instance
+    /// before the attempt is abandoned and the route advances, in milliseconds.
+    pub reconcile_window_ms: u64,
+    /// How long the janitor keeps looking for a late instance of an abandoned attempt, in
+    /// seconds.
+    pub abandoned_watch_secs: u64,
+    /// Lease on an in-flight create; another coordinator (or this one after a restart)
+    /// resumes it once the lease expires, in milliseconds.
+    pub lease_ttl_ms: u64,
+    /// Startup-latency band width for ranking, in milliseconds.
+    pub startup_latency_band_ms: f64,
+    /// Creation-success band width for ranking, as a share (0.05 = 5 points).
+    pub creation_success_band: f64,
+}
+
+impl Default for CreateConfig {
+    fn default() -> Self {
+        CreateConfig {
+            short_wait_ms: 2000,
+            idempotency_ttl_secs: 24 * 3600,
+            janitor_interval_ms: 5000,
+            stats_window_secs: 3600,
+            provisioning_window_ms: 30_000,
+            retry_backoff_ms: 200,
+            reconcile_window_ms: 5000,
+            abandoned_watch_secs: 24 * 3600,
+            lease_ttl_ms: 15_000,
+            startup_latency_band_ms: 250.0,
+            creation_success_band: 0.05,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -425,6 +486,7 @@ impl Config {
                 ));
             }
         }
+        self.validate_routing()?;
         for (name, _) in self.dns.hosts.iter() {
             if name.is_empty() || name.contains(['/', ':', ' ']) {
                 return Err(ConfigError::invalid(
@@ -432,6 +494,65 @@ impl Config {
                     "not a host name",
                 ));
             }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// The router's part of the file.
+    pub fn router_config(&self) -> sandgate_router::RouterConfig {
+        sandgate_router::RouterConfig {
+            providers: self.providers.clone(),
+            accounts: self.accounts.clone(),
+            pools: self.pools.clone(),
+        }
+    }
+
+    fn validate_routing(&self) -> Result<(), ConfigError> {
+        let topology = self.router_config().compile().map_err(|errors| {
+            let first = errors.0.first().map(|e| e.path.clone()).unwrap_or_default();
+            let message = errors
+                .0
+                .iter()
+                .map(|e| format!("{}: {}", e.path, e.message))
+                .collect::<Vec<_>>()
+                .join("; ");
+            ConfigError::invalid(first, message)
+        })?;
+        for (pool, sim) in &self.simulated {
+            let key = format!("simulated.{pool}");
+            let Some(p) = topology.pool(pool) else {
+                return Err(ConfigError::invalid(key, "no pool of this name"));
+            };
+            if topology.providers()[p.provider].kind != sandgate_router::ProviderKind::Simulated {
+                return Err(ConfigError::invalid(
+                    key,
+                    "the pool's provider is not of kind \"simulated\"",
+                ));
+            }
+            sim.validate().map_err(|(field, message)| {
+                ConfigError::invalid(format!("{key}.{field}"), message)
+            })?;
+        }
+        let c = &self.create;
+        if c.lease_ttl_ms < 100 {
+            return Err(ConfigError::invalid(
+                "create.lease_ttl_ms",
+                "must be at least 100",
+            ));
+        }
+        if c.janitor_interval_ms == 0 {
+            return Err(ConfigError::invalid(
+                "create.janitor_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if !(c.startup_latency_band_ms >= 0.0 && c.creation_success_band >= 0.0) {
+            return Err(ConfigError::invalid(
+                "create.startup_latency_band_ms",
+                "band widths must be >= 0",
+            ));
         }
         Ok(())
     }
@@ -460,6 +581,26 @@ mod tests {
         let err = Config::from_toml("[proxy]\nlistn = \"127.0.0.1:1\"\n").unwrap_err();
         let text = err.to_string();
         assert!(text.contains("proxy.listn"), "{text}");
+    }
+
+    #[test]
+    fn routing_errors_name_the_key() {
+        let base = "[[providers]]\nname = \"sim\"\nkind = \"simulated\"\n[[accounts]]\nname = \"a\"\nprovider = \"sim\"\n";
+        let err = Config::from_toml(&format!(
+            "{base}[[pools]]\nname = \"p\"\nprovider = \"sim\"\naccount = \"nope\"\n"
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("`pools[0].account`"), "{err}");
+        let ok = format!("{base}[[pools]]\nname = \"p\"\nprovider = \"sim\"\naccount = \"a\"\n");
+        let c = Config::from_toml(&format!("{ok}[simulated.p]\ncapacity = 2\n")).unwrap();
+        assert_eq!(c.simulated["p"].capacity, 2);
+        let err = Config::from_toml(&format!("{ok}[simulated.q]\n")).unwrap_err();
+        assert!(err.to_string().contains("simulated.q"), "{err}");
+        let err =
+            Config::from_toml(&format!("{ok}[simulated.p]\nscript = [\"boom\"]\n")).unwrap_err();
+        assert!(err.to_string().contains("simulated.p.script[0]"), "{err}");
+        let err = Config::from_toml("[create]\nshort_wait = 1\n").unwrap_err();
+        assert!(err.to_string().contains("create.short_wait"), "{err}");
     }
 
     #[test]

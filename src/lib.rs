@@ -6,7 +6,9 @@
 //! placement router is its own crate, `sandgate-router`.
 
 pub mod api;
+pub mod cli;
 pub mod config;
+pub mod create;
 pub mod credentials;
 pub mod decision_log;
 pub mod domain;
@@ -15,6 +17,7 @@ pub mod error;
 pub mod identity;
 pub mod net;
 pub mod policy;
+pub mod providers;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -22,6 +22,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create, show, list and delete sandboxes through a gateway's API (SANDGATE_URL,
+    /// SANDGATE_TOKEN).
+    Sandbox {
+        #[command(subcommand)]
+        command: sandgate::cli::SandboxCommand,
+    },
+    /// Explain routing offline from a configuration file's pools.
+    Route {
+        #[command(subcommand)]
+        command: sandgate::cli::RouteCommand,
+        /// TOML configuration file (its `[[providers]]`, `[[accounts]]`, `[[pools]]`).
+        #[arg(long, short, env = "SANDGATE_CONFIG", global = true)]
+        config: Option<PathBuf>,
+    },
     /// Run the gateway (egress proxy and API) on the embedded defaults or a config file.
     Serve {
         /// TOML configuration file; without it the embedded defaults apply.
@@ -51,6 +65,11 @@ enum CaCommand {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Sandbox { command } => std::process::exit(sandgate::cli::sandbox(command)?),
+        Command::Route { command, config } => {
+            let config = Config::load(config.as_deref()).context("invalid configuration")?;
+            std::process::exit(sandgate::cli::route(command, &config)?)
+        }
         Command::Serve { config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
             sandgate::telemetry::init_logging(&config.log);

@@ -43,6 +43,10 @@ pub enum StartError {
     Seal(#[from] crate::credentials::seal::SealError),
     #[error(transparent)]
     Credential(#[from] crate::credentials::CredentialError),
+    #[error("config key `pools`: {0}")]
+    Routing(String),
+    #[error(transparent)]
+    Simulated(#[from] crate::providers::simulated::SimulatedError),
     #[error("decision log: {0}")]
     DecisionLog(std::io::Error),
     #[error("writing the bundled policies to {dir}: {source}")]
@@ -60,6 +64,16 @@ pub const BUNDLED_POLICIES: &[(&str, &str)] = &[
         "egress_test.rego",
         include_str!("../policies/egress_test.rego"),
     ),
+    ("creation.rego", include_str!("../policies/creation.rego")),
+    (
+        "creation_test.rego",
+        include_str!("../policies/creation_test.rego"),
+    ),
+    ("provider.rego", include_str!("../policies/provider.rego")),
+    (
+        "provider_test.rego",
+        include_str!("../policies/provider_test.rego"),
+    ),
 ];
 
 pub struct Server {
@@ -67,6 +81,8 @@ pub struct Server {
     api_addr: SocketAddr,
     ca_cert_path: PathBuf,
     pub egress: Arc<EgressState>,
+    /// The sandbox creation coordinator (tests reach the simulated providers through it).
+    pub sandboxes: Arc<crate::create::Coordinator>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -152,6 +168,34 @@ impl Server {
             proxy_listener,
             egress.clone(),
         )));
+        let topology = Arc::new(
+            config
+                .router_config()
+                .compile()
+                .map_err(|e| StartError::Routing(e.to_string()))?,
+        );
+        let providers = Arc::new(crate::providers::ProviderRegistry::from_config(
+            &config, &topology,
+        )?);
+        let sandboxes = crate::create::Coordinator::new(crate::create::CreateDeps {
+            store: store.clone(),
+            topology,
+            providers,
+            policy: policy.clone(),
+            identities: identities.clone(),
+            credentials: credentials.clone(),
+            config: config.create.clone(),
+            proxy_addr,
+            ca_cert_path: ca_cert_path.clone(),
+        });
+        let restored = sandboxes.restore().await?;
+        if restored > 0 {
+            tracing::info!(
+                sandboxes = restored,
+                "registered the egress identities of running sandboxes"
+            );
+        }
+        tasks.extend(sandboxes.spawn_background());
         let app = crate::api::router(crate::api::ApiState {
             policy: policy.clone(),
             identities,
@@ -160,6 +204,7 @@ impl Server {
             metrics,
             proxy_addr,
             ca_cert_path: ca_cert_path.clone(),
+            sandboxes: sandboxes.clone(),
         });
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(api_listener, app).await {
@@ -177,6 +222,7 @@ impl Server {
             api_addr,
             ca_cert_path,
             egress,
+            sandboxes,
             tasks,
         })
     }

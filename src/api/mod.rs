@@ -5,6 +5,8 @@ pub mod auth;
 pub mod body;
 pub mod credentials;
 pub mod identities;
+pub mod routes;
+pub mod sandboxes;
 
 use std::sync::Arc;
 
@@ -30,6 +32,8 @@ pub struct ApiState {
     /// Where sandboxes reach the proxy, for the environment they are given.
     pub proxy_addr: std::net::SocketAddr,
     pub ca_cert_path: std::path::PathBuf,
+    /// Sandbox creation (coordinator, store, router topology).
+    pub sandboxes: Arc<crate::create::Coordinator>,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -38,6 +42,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(metrics))
         .merge(credentials::routes())
         .merge(identities::routes())
+        .merge(sandboxes::routes())
+        .merge(routes::routes())
         .fallback(not_found)
         .with_state(state)
 }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 use regorus::Value;
 
 /// The layers sandgate knows; each has its package `sandgate.<layer>`.
-pub const LAYERS: &[&str] = &["egress", "credential"];
+pub const LAYERS: &[&str] = &["egress", "credential", "creation", "provider"];
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PolicyError {

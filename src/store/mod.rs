@@ -2,6 +2,8 @@
 //! `migrations/` and is applied at start-up. Callers use `Store`'s methods only, never SQL,
 //! so a Postgres implementation can sit behind the same methods for replicas.
 
+pub mod sandboxes;
+
 use std::path::Path;
 use std::str::FromStr;
 

@@ -1,0 +1,104 @@
+//! `POST /v1/routes:explain`: every pool with eligibility, unmet requirements, rank keys and
+//! band values, and the final order, for a create body, with the same measured context the
+//! coordinator would use. Nothing is created. Also `GET /openapi.json`.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use utoipa::OpenApi;
+
+use super::auth::Caller;
+use super::body::JsonBody;
+use super::ApiState;
+use crate::create::CreateBody;
+use crate::error::ErrorReply;
+
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/v1/routes:explain", post(explain))
+        .route("/openapi.json", get(openapi))
+}
+
+/// Explain routing for a create body.
+#[utoipa::path(
+    post,
+    path = "/v1/routes:explain",
+    tag = "routing",
+    request_body(content = Object, description = "A create request body", content_type = "application/json"),
+    responses(
+        (status = 200, description = "Explanation: automatic, baseline, priorities, bands, pools[] {pool, provider, account, eligible, unmet_requirements, tier, rank, metrics, soft_score, free_capacity, position}, order, error", body = Object),
+        (status = 400, description = "invalid_request"),
+        (status = 401, description = "unauthenticated"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn explain(
+    State(state): State<ApiState>,
+    Caller(_caller): Caller,
+    JsonBody(body): JsonBody<Value>,
+) -> Response {
+    let body = match CreateBody::parse(body) {
+        Ok(b) => b,
+        Err(e) => {
+            return ErrorReply::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("`{}`: {}", e.field, e.message),
+            )
+            .with_details(json!({"field": e.field}))
+            .into_response()
+        }
+    };
+    let ctx = match state.sandboxes.route_context().await {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            tracing::error!(error = %e, "route context");
+            return ErrorReply::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "routing statistics could not be read",
+            )
+            .into_response();
+        }
+    };
+    let explanation = sandgate_router::explain(state.sandboxes.topology(), &body.request, &ctx);
+    Json(explanation).into_response()
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "sandgate",
+        description = "Policy-first sandbox gateway API. Errors: {\"error\": {\"code\", \"message\", \"details\"}}."
+    ),
+    paths(
+        super::sandboxes::create,
+        super::sandboxes::read,
+        super::sandboxes::list,
+        super::sandboxes::remove,
+        explain,
+    ),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The OpenAPI document, generated from the handlers' annotations.
+async fn openapi() -> Response {
+    Json(ApiDoc::openapi()).into_response()
+}

@@ -1,0 +1,165 @@
+//! The create request body (`POST /v1/sandboxes`): the router's request plus the fields only
+//! creation uses (`workspace`, `credentials`). Unknown top-level fields are refused: a
+//! requirement sandgate does not understand must not be silently dropped.
+
+use serde::{Deserialize, Serialize};
+
+use sandgate_router::Request;
+
+/// Top-level fields of the create body.
+pub const FIELDS: &[&str] = &[
+    "workspace",
+    "credentials",
+    "provider",
+    "fallback_providers",
+    "source",
+    "resources",
+    "features",
+    "network",
+    "regions",
+    "labels",
+    "routing",
+];
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CreateBody {
+    /// The workspace to create in; defaults to the caller's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// Names of the workspace's credentials to bind to the sandbox's egress identity.
+    #[serde(default)]
+    pub credentials: Vec<String>,
+    #[serde(flatten)]
+    pub request: Request,
+}
+
+#[derive(Debug)]
+pub struct BodyError {
+    pub field: String,
+    pub message: String,
+}
+
+impl CreateBody {
+    /// Parses and checks a body. Error messages name fields, never echo values.
+    pub fn parse(value: serde_json::Value) -> Result<CreateBody, BodyError> {
+        let Some(object) = value.as_object() else {
+            return Err(BodyError {
+                field: ".".into(),
+                message: "the request body must be a JSON object".into(),
+            });
+        };
+        for key in object.keys() {
+            if !FIELDS.contains(&key.as_str()) {
+                return Err(BodyError {
+                    field: key.clone(),
+                    message: format!("unknown field; expected one of {}", FIELDS.join(", ")),
+                });
+            }
+        }
+        let body: CreateBody = match serde_path_to_error::deserialize(value.clone()) {
+            Ok(body) => body,
+            // `flatten` hides the path; find it by reading each field on its own.
+            Err(e) => {
+                return Err(BodyError {
+                    field: locate_error(object).unwrap_or_else(|| e.path().to_string()),
+                    message: "missing, unknown or mistyped field".into(),
+                })
+            }
+        };
+        for (i, domain) in body.request.network.allow_domains.iter().enumerate() {
+            crate::domain::validate_pattern(domain).map_err(|message| BodyError {
+                field: format!("network.allow_domains[{i}]"),
+                message,
+            })?;
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, name) in body.credentials.iter().enumerate() {
+            if !seen.insert(name) {
+                return Err(BodyError {
+                    field: format!("credentials[{i}]"),
+                    message: "duplicate credential name".into(),
+                });
+            }
+        }
+        Ok(body)
+    }
+
+    /// A digest of the canonical form, so the same request with different formatting or key
+    /// order is recognised as the same for idempotency.
+    pub fn digest(&self, workspace: &str) -> String {
+        let mut canonical = serde_json::to_value(self).unwrap_or_default();
+        if let Some(o) = canonical.as_object_mut() {
+            o.insert("workspace".into(), serde_json::Value::from(workspace));
+        }
+        let bytes = serde_json::to_vec(&sort_keys(canonical)).unwrap_or_default();
+        let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+        digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+fn locate_error(object: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    for (key, v) in object {
+        let single = serde_json::Value::Object([(key.clone(), v.clone())].into_iter().collect());
+        let result: Result<CreateBodyExtras, _> = serde_path_to_error::deserialize(single.clone());
+        if let Err(e) = result {
+            return Some(e.path().to_string());
+        }
+        let result: Result<Request, _> = serde_path_to_error::deserialize(single);
+        if let Err(e) = result {
+            return Some(e.path().to_string());
+        }
+    }
+    None
+}
+
+/// The fields of the create body that are not the router's.
+#[derive(Deserialize)]
+struct CreateBodyExtras {
+    #[serde(default)]
+    #[allow(dead_code)]
+    workspace: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    credentials: Vec<String>,
+}
+
+fn sort_keys(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(o) => {
+            let sorted: std::collections::BTreeMap<String, serde_json::Value> =
+                o.into_iter().map(|(k, v)| (k, sort_keys(v))).collect();
+            serde_json::Value::Object(sorted.into_iter().collect())
+        }
+        serde_json::Value::Array(a) => {
+            serde_json::Value::Array(a.into_iter().map(sort_keys).collect())
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn unknown_top_level_field_is_refused() {
+        let err = CreateBody::parse(json!({"gpu_please": true})).unwrap_err();
+        assert_eq!(err.field, "gpu_please");
+        let err = CreateBody::parse(json!({"features": {"bogus": true}})).unwrap_err();
+        assert!(err.field.starts_with("features"), "{}", err.field);
+    }
+
+    #[test]
+    fn digest_ignores_key_order_but_not_content() {
+        let a = CreateBody::parse(json!({"labels": {"a": "1", "b": "2"}, "regions": ["us-east"]}))
+            .unwrap();
+        let b = CreateBody::parse(json!({"regions": ["us-east"], "labels": {"b": "2", "a": "1"}}))
+            .unwrap();
+        let c = CreateBody::parse(json!({"regions": ["eu-west"], "labels": {"b": "2", "a": "1"}}))
+            .unwrap();
+        assert_eq!(a.digest("ws"), b.digest("ws"));
+        assert_ne!(a.digest("ws"), c.digest("ws"));
+        assert_ne!(a.digest("ws"), a.digest("other"));
+    }
+}

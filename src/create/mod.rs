@@ -1,0 +1,1477 @@
+//! Sandbox creation: the failover coordinator (seed 001, "Creation failover").
+//!
+//! One sandbox id for every attempt. For each candidate pool in the router's order:
+//! 1. **admit** through the `sandgate.creation` and `sandgate.provider` Rego layers, evaluated
+//!    for this pool when the walk reaches it (approval of an earlier pool never carries over);
+//!    an account without bound credentials cannot serve (advance);
+//! 2. **attempt** a provider create tagged with the sandbox and attempt ids, retrying
+//!    retryable failures within the provisioning window;
+//! 3. **classify**: advance classes try the next pool, terminal classes end the create, an
+//!    unknown outcome enters `reconciling` and asks the provider for the tagged instance
+//!    before anything else is tried (adopted if it runs; otherwise abandoned and watched by
+//!    the janitor, against its own account);
+//! 4. **check runtime capabilities** of the running instance against the request; an
+//!    instance that falls short is destroyed and the route advances;
+//! 5. **keep the first success**.
+//!
+//! State is durable (SQLite through [`Store`]): a create is owned by a lease that the owner
+//! renews; after a crash the lease expires and the create is resumed (any attempt left
+//! in flight is treated as an unknown outcome and reconciled first), so no record is lost
+//! and no duplicate instance is kept.
+
+pub mod body;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use sandgate_router::{
+    Bands, ExistingSandbox, NoEligible, PoolStats, ProviderKind, Request, RouteContext, Topology,
+};
+
+use crate::api::auth::Principal;
+use crate::config::CreateConfig;
+use crate::credentials::{CredentialStore, Secret};
+use crate::error::ErrorReply;
+use crate::identity::{Identity, IdentityRegistry};
+use crate::policy::PolicyEngine;
+use crate::providers::{
+    CreateSpec, ErrorClass, InstanceState, Outcome, ProviderError, ProviderRegistry, Tags,
+};
+use crate::store::sandboxes::{
+    AbandonedRow, AttemptEnd, AttemptRow, IdempotencyClaim, InsertOutcome, ListFilter, SandboxRow,
+    IN_FLIGHT_STATES,
+};
+use crate::store::{Store, StoreError};
+
+pub use body::CreateBody;
+
+pub fn now_ms() -> i64 {
+    crate::providers::simulated::now_ms()
+}
+
+fn random_hex(bytes: usize) -> String {
+    use ring::rand::SecureRandom;
+    let mut buf = vec![0u8; bytes];
+    ring::rand::SystemRandom::new()
+        .fill(&mut buf)
+        .expect("system randomness");
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One candidate pool as routing produced it, stored with the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredCandidate {
+    pub pool: String,
+    pub provider: String,
+    pub account: String,
+    pub region: Option<String>,
+    pub zone: Option<String>,
+    /// Whether the portable baseline applies on this pool (checked again at runtime).
+    pub baseline: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredPrincipal {
+    principal: String,
+    workspace: String,
+    roles: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Placement {
+    pub pool: String,
+    pub provider: String,
+    pub account: String,
+    pub region: Option<String>,
+    pub zone: Option<String>,
+    pub instance_id: String,
+}
+
+/// Everything the coordinator needs.
+pub struct CreateDeps {
+    pub store: Store,
+    pub topology: Arc<Topology>,
+    pub providers: Arc<ProviderRegistry>,
+    pub policy: Arc<PolicyEngine>,
+    pub identities: Arc<IdentityRegistry>,
+    pub credentials: Arc<CredentialStore>,
+    pub config: CreateConfig,
+    pub proxy_addr: std::net::SocketAddr,
+    pub ca_cert_path: PathBuf,
+}
+
+pub struct Coordinator {
+    deps: CreateDeps,
+    /// This coordinator's lease owner id.
+    owner: String,
+}
+
+/// A loaded in-flight create.
+struct Job {
+    row: SandboxRow,
+    principal: StoredPrincipal,
+    body: CreateBody,
+    request: Arc<Request>,
+    candidates: Vec<StoredCandidate>,
+}
+
+enum Step {
+    Placed,
+    Advance,
+    End(ErrorReply),
+}
+
+fn internal(e: impl std::fmt::Display) -> ErrorReply {
+    tracing::error!(error = %e, "sandbox operation failed");
+    ErrorReply::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "the sandbox operation could not be completed",
+    )
+}
+
+impl Coordinator {
+    pub fn new(deps: CreateDeps) -> Arc<Coordinator> {
+        Arc::new(Coordinator {
+            deps,
+            owner: format!("coord-{}", random_hex(8)),
+        })
+    }
+
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.deps.topology
+    }
+
+    pub fn providers(&self) -> &Arc<ProviderRegistry> {
+        &self.deps.providers
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.deps.store
+    }
+
+    fn lease_expiry(&self) -> i64 {
+        now_ms() + self.deps.config.lease_ttl_ms as i64
+    }
+
+    /// What routing depends on besides the topology and the request: measured per-pool
+    /// latency and success within the window, existing placements, band widths.
+    pub async fn route_context(&self) -> Result<RouteContext, StoreError> {
+        let since = now_ms() - self.deps.config.stats_window_secs as i64 * 1000;
+        let samples = self.deps.store.pool_samples(since, 64).await?;
+        let stats: HashMap<String, PoolStats> = samples
+            .into_iter()
+            .map(|(pool, s)| {
+                (
+                    pool,
+                    PoolStats {
+                        startup_latency_ms: s.latencies_ms,
+                        attempts: s.attempts,
+                        successes: s.successes,
+                    },
+                )
+            })
+            .collect();
+        let mut sandboxes = Vec::new();
+        for (labels, placement) in self.deps.store.live_placements().await? {
+            let (Ok(labels), Ok(p)) = (
+                serde_json::from_str::<BTreeMap<String, String>>(&labels),
+                serde_json::from_str::<Placement>(&placement),
+            ) else {
+                continue;
+            };
+            sandboxes.push(ExistingSandbox {
+                labels,
+                provider: p.provider,
+                region: p.region,
+                zone: p.zone,
+            });
+        }
+        Ok(RouteContext {
+            stats,
+            sandboxes,
+            workspace_order: None,
+            free_capacity: HashMap::new(),
+            bands: Bands {
+                price: 0.0,
+                startup_latency_ms: self.deps.config.startup_latency_band_ms,
+                creation_success: self.deps.config.creation_success_band,
+            },
+        })
+    }
+
+    // ---------------------------------------------------------------- create (API entry)
+
+    /// `POST /v1/sandboxes`. Returns the status (`201` placed, `202` still working) and the
+    /// response body, which carries the egress token (the only place it is ever shown).
+    pub async fn create(
+        self: &Arc<Self>,
+        caller: &Principal,
+        body: Value,
+        idempotency_key: Option<String>,
+    ) -> Result<(StatusCode, Value), ErrorReply> {
+        let body = CreateBody::parse(body).map_err(|e| {
+            ErrorReply::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("`{}`: {}", e.field, e.message),
+            )
+            .with_details(json!({"field": e.field}))
+        })?;
+        let workspace = body
+            .workspace
+            .clone()
+            .unwrap_or_else(|| caller.workspace.clone());
+        if !caller.may_manage(&workspace) {
+            return Err(ErrorReply::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("this principal may not create sandboxes in workspace {workspace:?}"),
+            ));
+        }
+        if let Some(key) = &idempotency_key {
+            if key.is_empty() || key.len() > 255 {
+                return Err(ErrorReply::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "Idempotency-Key must be 1 to 255 characters",
+                ));
+            }
+        }
+        let digest = body.digest(&workspace);
+        let now = now_ms();
+        if let Some(key) = &idempotency_key {
+            if let Some((hash, sandbox_id)) = self
+                .deps
+                .store
+                .find_idempotency_key(&workspace, key, now)
+                .await
+                .map_err(internal)?
+            {
+                return self.replay(&hash, &digest, &sandbox_id).await;
+            }
+        }
+
+        // Credentials must exist in the workspace (bound again, by name, when it runs).
+        let id = format!("sb-{}", random_hex(12));
+        Identity::new(
+            id.clone(),
+            Vec::new(),
+            workspace.clone(),
+            vec![],
+            BTreeMap::new(),
+        )
+        .bind(None, &body.credentials, &self.deps.credentials, |i| {
+            format!("credentials[{i}]")
+        })
+        .map_err(|e| {
+            let (key, message) = match &e {
+                crate::identity::IdentityError::Binding { key, message } => {
+                    (key.clone(), message.clone())
+                }
+                other => ("credentials".into(), other.to_string()),
+            };
+            ErrorReply::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("`{key}`: {message}"),
+            )
+            .with_details(json!({"field": key}))
+        })?;
+
+        let request = body.request.clone();
+        let ctx = self.route_context().await.map_err(internal)?;
+        let route = match sandgate_router::route(&self.deps.topology, &request, &ctx) {
+            Ok(route) => route,
+            Err(no) => return Err(no_eligible_reply(no)),
+        };
+        let candidates: Vec<StoredCandidate> = route
+            .candidates
+            .iter()
+            .map(|c| StoredCandidate {
+                pool: c.pool.to_string(),
+                provider: c.provider.to_string(),
+                account: c.account.to_string(),
+                region: c.region.as_deref().map(str::to_string),
+                zone: c.zone.as_deref().map(str::to_string),
+                baseline: c.baseline,
+            })
+            .collect();
+
+        let token = random_hex(24);
+        let sealed = self
+            .deps
+            .credentials
+            .key()
+            .seal(&Secret::new(token.clone()), &token_context(&id))
+            .map_err(internal)?;
+        let row = SandboxRow {
+            id: id.clone(),
+            workspace: workspace.clone(),
+            principal_json: serde_json::to_string(&StoredPrincipal {
+                principal: caller.principal.clone(),
+                workspace: caller.workspace.clone(),
+                roles: caller.roles.clone(),
+            })
+            .map_err(internal)?,
+            state: "pending".into(),
+            request_json: serde_json::to_string(&body).map_err(internal)?,
+            labels_json: serde_json::to_string(&request.labels).map_err(internal)?,
+            candidates_json: serde_json::to_string(&candidates).map_err(internal)?,
+            placement_json: None,
+            error_json: None,
+            token_sealed: sealed,
+            created_ms: now,
+            updated_ms: now,
+        };
+        let claim = idempotency_key.as_deref().map(|key| IdempotencyClaim {
+            key,
+            body_hash: &digest,
+            expires_ms: now + self.deps.config.idempotency_ttl_secs as i64 * 1000,
+        });
+        match self
+            .deps
+            .store
+            .insert_sandbox(&row, &self.owner, self.lease_expiry(), claim, now)
+            .await
+            .map_err(internal)?
+        {
+            InsertOutcome::Created => {}
+            InsertOutcome::Existing {
+                sandbox_id,
+                body_hash,
+            } => return self.replay(&body_hash, &digest, &sandbox_id).await,
+        }
+        metrics::counter!("sandgate_sandbox_creates_total").increment(1);
+
+        let this = self.clone();
+        let job_id = id.clone();
+        let mut handle = tokio::spawn(async move { this.drive(&job_id).await });
+        let wait = Duration::from_millis(self.deps.config.short_wait_ms);
+        let _ = tokio::time::timeout(wait, &mut handle).await;
+        self.respond(&id, Some(&token)).await
+    }
+
+    /// Same key: the same sandbox, when the body is the same too.
+    async fn replay(
+        &self,
+        held_hash: &str,
+        digest: &str,
+        sandbox_id: &str,
+    ) -> Result<(StatusCode, Value), ErrorReply> {
+        if held_hash != digest {
+            return Err(ErrorReply::new(
+                StatusCode::CONFLICT,
+                "idempotency_conflict",
+                "this Idempotency-Key was used with a different request body",
+            )
+            .with_details(json!({"sandbox_id": sandbox_id})));
+        }
+        // Give the original request's short wait a chance to finish, then answer as it did.
+        let deadline = now_ms() + self.deps.config.short_wait_ms as i64;
+        loop {
+            let row = self
+                .deps
+                .store
+                .get_sandbox(sandbox_id)
+                .await
+                .map_err(internal)?;
+            let in_flight = row
+                .as_ref()
+                .is_some_and(|r| IN_FLIGHT_STATES.contains(&r.state.as_str()));
+            if !in_flight || now_ms() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let token = self.token_of(sandbox_id).await?;
+        self.respond(sandbox_id, token.as_deref()).await
+    }
+
+    async fn token_of(&self, sandbox_id: &str) -> Result<Option<String>, ErrorReply> {
+        let Some(row) = self
+            .deps
+            .store
+            .get_sandbox(sandbox_id)
+            .await
+            .map_err(internal)?
+        else {
+            return Ok(None);
+        };
+        let secret = self
+            .deps
+            .credentials
+            .key()
+            .open(&row.token_sealed, &token_context(sandbox_id))
+            .map_err(internal)?;
+        Ok(Some(secret.expose().to_string()))
+    }
+
+    /// The create response: 201 when running, 202 while working, the failure otherwise.
+    async fn respond(
+        &self,
+        id: &str,
+        token: Option<&str>,
+    ) -> Result<(StatusCode, Value), ErrorReply> {
+        let view = self
+            .view(id)
+            .await?
+            .ok_or_else(|| internal("sandbox vanished"))?;
+        let state = view["state"].as_str().unwrap_or_default().to_string();
+        if state == "failed" {
+            let error = view["error"].clone();
+            let code = error["error"]["code"].as_str().unwrap_or("creation_failed");
+            let status = match code {
+                "forbidden" | "policy_denied" | "billing_refused" => StatusCode::FORBIDDEN,
+                "invalid_request" => StatusCode::UNPROCESSABLE_ENTITY,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            let mut reply = ErrorReply::new(
+                status,
+                static_code(code),
+                error["error"]["message"]
+                    .as_str()
+                    .unwrap_or("sandbox creation failed")
+                    .to_string(),
+            );
+            let mut details = error["error"]["details"].clone();
+            if !details.is_object() {
+                details = json!({});
+            }
+            details["sandbox_id"] = json!(id);
+            details["attempts"] = view["attempts"].clone();
+            reply = reply.with_details(details);
+            return Err(reply);
+        }
+        let mut body = view;
+        if let Some(token) = token {
+            let egress = &mut body["egress"];
+            egress["token"] = json!(token);
+            egress["proxy_url"] =
+                json!(format!("http://{}:{}@{}", id, token, self.deps.proxy_addr));
+            let env = &mut egress["env"];
+            if let Some(env) = env.as_object_mut() {
+                for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                    env.insert(
+                        var.into(),
+                        json!(format!("http://{}:{}@{}", id, token, self.deps.proxy_addr)),
+                    );
+                }
+            }
+        }
+        let status = if state == "running" {
+            StatusCode::CREATED
+        } else {
+            StatusCode::ACCEPTED
+        };
+        Ok((status, body))
+    }
+
+    // ------------------------------------------------------------------- read / list
+
+    /// The sandbox as `GET` shows it: never the token.
+    pub async fn view(&self, id: &str) -> Result<Option<Value>, ErrorReply> {
+        let Some(row) = self.deps.store.get_sandbox(id).await.map_err(internal)? else {
+            return Ok(None);
+        };
+        let attempts = self.deps.store.list_attempts(id).await.map_err(internal)?;
+        Ok(Some(self.render(&row, &attempts)))
+    }
+
+    fn render(&self, row: &SandboxRow, attempts: &[AttemptRow]) -> Value {
+        let request: Value = serde_json::from_str(&row.request_json).unwrap_or(Value::Null);
+        let labels: Value = serde_json::from_str(&row.labels_json).unwrap_or(json!({}));
+        let placement: Value = row
+            .placement_json
+            .as_deref()
+            .and_then(|p| serde_json::from_str(p).ok())
+            .unwrap_or(Value::Null);
+        let error: Value = row
+            .error_json
+            .as_deref()
+            .and_then(|p| serde_json::from_str(p).ok())
+            .unwrap_or(Value::Null);
+        let attempts: Vec<Value> = attempts
+            .iter()
+            .map(|a| {
+                json!({
+                    "id": a.id, "seq": a.seq, "pool": a.pool, "provider": a.provider,
+                    "account": a.account, "state": a.state, "outcome": a.outcome,
+                    "error_class": a.error_class, "message": a.message,
+                    "instance_id": a.instance_id, "started_ms": a.started_ms,
+                    "finished_ms": a.finished_ms,
+                    "duration_ms": a.finished_ms.map(|f| f - a.started_ms),
+                })
+            })
+            .collect();
+        let proxy = format!("http://{}:{{token}}@{}", row.id, self.deps.proxy_addr);
+        let ca = self.deps.ca_cert_path.display().to_string();
+        let mut env = serde_json::Map::new();
+        for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            env.insert(var.into(), json!(proxy));
+        }
+        env.insert("NO_PROXY".into(), json!("localhost,127.0.0.1,::1"));
+        env.insert("no_proxy".into(), json!("localhost,127.0.0.1,::1"));
+        for var in crate::api::identities::CA_ENV_VARS {
+            env.insert(var.to_string(), json!(ca));
+        }
+        json!({
+            "id": row.id,
+            "workspace": row.workspace,
+            "state": row.state,
+            "labels": labels,
+            "request": request,
+            "placement": placement,
+            "attempts": attempts,
+            "error": error,
+            "created_ms": row.created_ms,
+            "updated_ms": row.updated_ms,
+            "egress": {
+                "identity": row.id,
+                "proxy": format!("http://{}", self.deps.proxy_addr),
+                "proxy_url": proxy,
+                "ca_cert_path": ca,
+                "env": env,
+            },
+        })
+    }
+
+    pub async fn list(&self, filter: &ListFilter) -> Result<Vec<Value>, ErrorReply> {
+        let rows = self
+            .deps
+            .store
+            .list_sandboxes(filter)
+            .await
+            .map_err(internal)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let attempts = self
+                .deps
+                .store
+                .list_attempts(&row.id)
+                .await
+                .map_err(internal)?;
+            out.push(self.render(&row, &attempts));
+        }
+        Ok(out)
+    }
+
+    // ------------------------------------------------------------------------- delete
+
+    /// Revokes the egress identity at once, marks the sandbox deleted, and deletes its
+    /// instance (left to the janitor when the provider does not answer).
+    pub async fn delete(&self, id: &str) -> Result<Option<Value>, ErrorReply> {
+        let Some(row) = self.deps.store.get_sandbox(id).await.map_err(internal)? else {
+            return Ok(None);
+        };
+        self.deps.identities.revoke(id);
+        let now = now_ms();
+        self.deps
+            .store
+            .transition_sandbox(
+                id,
+                &[
+                    "pending",
+                    "provisioning",
+                    "reconciling",
+                    "running",
+                    "paused",
+                    "failed",
+                    "stopped",
+                ],
+                "deleted",
+                None,
+                None,
+                now,
+            )
+            .await
+            .map_err(internal)?;
+        if let Some(p) = row
+            .placement_json
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<Placement>(p).ok())
+        {
+            self.destroy(
+                id,
+                &p.pool,
+                &p.account,
+                &format!("{id}-placed"),
+                &p.instance_id,
+                "deleted",
+            )
+            .await;
+        }
+        self.view(id).await
+    }
+
+    /// Deletes an instance; when that fails, the janitor keeps trying.
+    async fn destroy(
+        &self,
+        sandbox_id: &str,
+        pool: &str,
+        account: &str,
+        attempt_id: &str,
+        instance_id: &str,
+        reason: &str,
+    ) {
+        let deleted = match self.deps.providers.for_pool(pool) {
+            Some(p) => p.delete(instance_id).await.is_ok(),
+            None => false,
+        };
+        if !deleted {
+            let now = now_ms();
+            let _ = self
+                .deps
+                .store
+                .record_abandoned(
+                    &AbandonedRow {
+                        attempt_id: attempt_id.to_string(),
+                        sandbox_id: sandbox_id.to_string(),
+                        pool: pool.to_string(),
+                        account: account.to_string(),
+                    },
+                    reason,
+                    now,
+                    now + self.deps.config.abandoned_watch_secs as i64 * 1000,
+                )
+                .await;
+        }
+    }
+
+    // -------------------------------------------------------------------- the walk
+
+    async fn load_job(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        let Some(row) = self.deps.store.get_sandbox(id).await? else {
+            return Ok(None);
+        };
+        let parse = |what: &str, e: serde_json::Error| StoreError::Open {
+            path: format!("sandbox {id}"),
+            reason: format!("stored {what} is unreadable: {e}"),
+        };
+        let principal: StoredPrincipal =
+            serde_json::from_str(&row.principal_json).map_err(|e| parse("principal", e))?;
+        let body: CreateBody =
+            serde_json::from_str(&row.request_json).map_err(|e| parse("request", e))?;
+        let candidates: Vec<StoredCandidate> =
+            serde_json::from_str(&row.candidates_json).map_err(|e| parse("candidates", e))?;
+        Ok(Some(Job {
+            request: Arc::new(body.request.clone()),
+            row,
+            principal,
+            body,
+            candidates,
+        }))
+    }
+
+    /// Runs (or resumes) one create to its end.
+    pub async fn drive(self: &Arc<Self>, id: &str) {
+        if let Err(e) = self.drive_inner(id).await {
+            // The lease expires and the create is resumed by the janitor.
+            tracing::error!(sandbox = id, error = %e, "create coordinator stopped; it will be resumed");
+        }
+    }
+
+    async fn drive_inner(self: &Arc<Self>, id: &str) -> Result<(), StoreError> {
+        let Some(job) = self.load_job(id).await? else {
+            return Ok(());
+        };
+        if !IN_FLIGHT_STATES.contains(&job.row.state.as_str()) {
+            return Ok(());
+        }
+        let attempts = self.deps.store.list_attempts(id).await?;
+        let mut seq = attempts.iter().map(|a| a.seq).max().unwrap_or(0);
+        // A success recorded just before a crash: finish it.
+        if let Some(done) = attempts.iter().find(|a| a.state == "succeeded") {
+            if let Some(instance) = &done.instance_id {
+                let cand = job.candidates.iter().find(|c| c.pool == done.pool).cloned();
+                if let Some(cand) = cand {
+                    self.place(&job, &cand, done, instance).await?;
+                    return Ok(());
+                }
+            }
+        }
+        // Attempts left in flight by a dead coordinator have an unknown outcome: reconcile
+        // each before anything else is tried.
+        for a in attempts
+            .iter()
+            .filter(|a| a.state == "in_flight" || a.state == "reconciling")
+        {
+            let cand = job.candidates.iter().find(|c| c.pool == a.pool).cloned();
+            let Some(cand) = cand else { continue };
+            match self.reconcile(&job, &cand, a).await? {
+                Step::Placed => return Ok(()),
+                Step::End(e) => return self.fail(&job, e).await,
+                Step::Advance => {}
+            }
+        }
+        let tried: Vec<String> = self
+            .deps
+            .store
+            .list_attempts(id)
+            .await?
+            .into_iter()
+            .map(|a| a.pool)
+            .collect();
+        for cand in job.candidates.iter().filter(|c| !tried.contains(&c.pool)) {
+            let still = self.deps.store.get_sandbox(id).await?;
+            if !still.is_some_and(|r| IN_FLIGHT_STATES.contains(&r.state.as_str())) {
+                return Ok(()); // deleted meanwhile
+            }
+            seq += 1;
+            match self.try_pool(&job, cand, seq).await? {
+                Step::Placed => return Ok(()),
+                Step::Advance => continue,
+                Step::End(e) => return self.fail(&job, e).await,
+            }
+        }
+        let attempts = self.deps.store.list_attempts(id).await?;
+        let summary: Vec<Value> = attempts
+            .iter()
+            .map(|a| json!({"pool": a.pool, "provider": a.provider, "account": a.account, "error_class": a.error_class}))
+            .collect();
+        self.fail(
+            &job,
+            ErrorReply::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "creation_failed",
+                format!(
+                    "every candidate pool was tried and none could place the sandbox ({} attempt(s))",
+                    attempts.len()
+                ),
+            )
+            .with_details(json!({"attempts": summary})),
+        )
+        .await
+    }
+
+    async fn fail(&self, job: &Job, error: ErrorReply) -> Result<(), StoreError> {
+        let error_json = serde_json::to_string(&error.body()).unwrap_or_default();
+        self.deps
+            .store
+            .transition_sandbox(
+                &job.row.id,
+                &IN_FLIGHT_STATES,
+                "failed",
+                None,
+                Some(&error_json),
+                now_ms(),
+            )
+            .await?;
+        metrics::counter!("sandgate_sandbox_create_failures_total", "code" => error.code)
+            .increment(1);
+        Ok(())
+    }
+
+    fn admission_input(&self, job: &Job, cand: &StoredCandidate, seq: i64) -> Value {
+        let topo = &self.deps.topology;
+        let pool = topo.pool(&cand.pool);
+        let provider = topo.provider(&cand.provider);
+        let account = pool.and_then(|p| topo.accounts().get(p.account));
+        json!({
+            "phase": "admit",
+            "principal": {
+                "principal": job.principal.principal,
+                "workspace": job.principal.workspace,
+                "roles": job.principal.roles,
+            },
+            "workspace": job.row.workspace,
+            "sandbox": {"id": job.row.id, "workspace": job.row.workspace, "labels": job.request.labels},
+            "request": serde_json::to_value(&job.body).unwrap_or(Value::Null),
+            "pool": pool.map(|p| json!({
+                "name": p.name.as_ref(),
+                "provider": cand.provider,
+                "provider_kind": provider.map(|p| p.kind.as_str()),
+                "account": cand.account,
+                "geography": p.geography,
+                "region": p.region.as_deref(),
+                "zone": p.zone.as_deref(),
+                "labels": p.labels,
+                "vpc": p.vpc,
+                "price": p.price,
+                "standby": p.standby,
+                "egress": p.capabilities.egress.as_str(),
+            })),
+            "account": account.map(|a| json!({
+                "name": a.name.as_ref(),
+                "provider": cand.provider,
+                "billing": a.billing,
+                "labels": a.labels,
+                "credential_bound": a.credential.is_some(),
+            })),
+            "attempt": {"number": seq},
+        })
+    }
+
+    async fn start_attempt(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        seq: i64,
+        state: &str,
+    ) -> Result<AttemptRow, StoreError> {
+        let row = AttemptRow {
+            id: format!("{}-a{seq}", job.row.id),
+            sandbox_id: job.row.id.clone(),
+            seq,
+            pool: cand.pool.clone(),
+            provider: cand.provider.clone(),
+            account: cand.account.clone(),
+            state: state.into(),
+            outcome: None,
+            error_class: None,
+            message: None,
+            instance_id: None,
+            started_ms: now_ms(),
+            finished_ms: None,
+        };
+        self.deps.store.insert_attempt(&row).await?;
+        Ok(row)
+    }
+
+    async fn end_attempt(
+        &self,
+        attempt: &AttemptRow,
+        state: &str,
+        class: ErrorClass,
+        message: &str,
+        instance_id: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let outcome = match class.outcome() {
+            Outcome::Advance => "advance",
+            Outcome::Terminal => "terminal",
+            Outcome::Unknown => "unknown",
+        };
+        self.deps
+            .store
+            .finish_attempt(
+                &attempt.id,
+                &AttemptEnd {
+                    state,
+                    outcome,
+                    error_class: Some(class.as_str()),
+                    message: Some(message),
+                    instance_id,
+                    finished_ms: now_ms(),
+                },
+            )
+            .await
+    }
+
+    async fn try_pool(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        seq: i64,
+    ) -> Result<Step, StoreError> {
+        // (a) admit, for this pool, now.
+        let input = regorus::Value::from(self.admission_input(job, cand, seq));
+        let creation = self.deps.policy.evaluate("creation", input.clone());
+        let provider_layer = if creation.allowed {
+            Some(self.deps.policy.evaluate("provider", input))
+        } else {
+            None
+        };
+        let refusal = if !creation.allowed {
+            Some((ErrorClass::Authority, "creation", creation.reasons))
+        } else {
+            let d = provider_layer.expect("evaluated");
+            if d.allowed {
+                None
+            } else {
+                let billing_bad = self
+                    .deps
+                    .topology
+                    .pool(&cand.pool)
+                    .and_then(|p| self.deps.topology.accounts().get(p.account))
+                    .is_some_and(|a| a.billing != sandgate_router::BillingStanding::Good);
+                let class = if billing_bad {
+                    ErrorClass::Billing
+                } else {
+                    ErrorClass::Policy
+                };
+                Some((class, "provider", d.reasons))
+            }
+        };
+        if let Some((class, layer, reasons)) = refusal {
+            let attempt = self.start_attempt(job, cand, seq, "ended").await?;
+            let message = format!("refused by layer {layer}: {}", reasons.join("; "));
+            self.end_attempt(&attempt, "ended", class, &message, None)
+                .await?;
+            let code = match class {
+                ErrorClass::Billing => "billing_refused",
+                ErrorClass::Authority => "forbidden",
+                _ => "policy_denied",
+            };
+            return Ok(Step::End(
+                ErrorReply::new(
+                    StatusCode::FORBIDDEN,
+                    code,
+                    format!(
+                        "creation on pool {} was refused: {}",
+                        cand.pool,
+                        reasons.join("; ")
+                    ),
+                )
+                .with_details(json!({"layer": layer, "pool": cand.pool, "reasons": reasons})),
+            ));
+        }
+        // The account must have credentials bound (sandgate's own providers need none).
+        let topo = &self.deps.topology;
+        let kind = topo.provider(&cand.provider).map(|p| p.kind);
+        let bound = topo
+            .pool(&cand.pool)
+            .and_then(|p| topo.accounts().get(p.account))
+            .is_some_and(|a| a.credential.is_some());
+        if !bound && !matches!(kind, Some(ProviderKind::Simulated | ProviderKind::Local)) {
+            let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
+            self.end_attempt(
+                &attempt,
+                "advanced",
+                ErrorClass::UnboundAccount,
+                "the pool's account has no credential bound",
+                None,
+            )
+            .await?;
+            return Ok(Step::Advance);
+        }
+        let Some(adapter) = self.deps.providers.for_pool(&cand.pool) else {
+            let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
+            self.end_attempt(
+                &attempt,
+                "advanced",
+                ErrorClass::Unsupported,
+                &format!(
+                    "this build has no adapter for provider kind {}",
+                    kind.map(|k| k.as_str()).unwrap_or("?")
+                ),
+                None,
+            )
+            .await?;
+            return Ok(Step::Advance);
+        };
+
+        // (b) attempt, retrying retryable failures within the provisioning window.
+        let attempt = self.start_attempt(job, cand, seq, "in_flight").await?;
+        self.deps
+            .store
+            .transition_sandbox(
+                &job.row.id,
+                &["pending"],
+                "provisioning",
+                None,
+                None,
+                now_ms(),
+            )
+            .await?;
+        let deadline = attempt.started_ms + self.deps.config.provisioning_window_ms as i64;
+        let backoff = self.deps.config.retry_backoff_ms as i64;
+        let result = loop {
+            let spec = CreateSpec {
+                tags: Tags {
+                    sandbox_id: job.row.id.clone(),
+                    attempt_id: attempt.id.clone(),
+                },
+                pool: cand.pool.clone(),
+                account: cand.account.clone(),
+                request: job.request.clone(),
+            };
+            match adapter.create(spec).await {
+                Err(e) if e.class.retryable() && now_ms() + backoff < deadline => {
+                    tracing::info!(sandbox = %job.row.id, pool = %cand.pool, class = e.class.as_str(), "retrying on the same pool");
+                    tokio::time::sleep(Duration::from_millis(backoff as u64)).await;
+                }
+                other => break other,
+            }
+        };
+        // (c) classify.
+        match result {
+            Ok(instance) => self.after_running(job, cand, &attempt, &instance.id).await,
+            Err(e) => self.classify(job, cand, &attempt, e).await,
+        }
+    }
+
+    async fn classify(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        e: ProviderError,
+    ) -> Result<Step, StoreError> {
+        match e.class.outcome() {
+            Outcome::Advance => {
+                self.end_attempt(
+                    attempt,
+                    "advanced",
+                    e.class,
+                    &e.message,
+                    e.instance_id.as_deref(),
+                )
+                .await?;
+                self.sample(&cand.pool, false, None).await;
+                if let Some(instance) = &e.instance_id {
+                    self.destroy(
+                        &job.row.id,
+                        &cand.pool,
+                        &cand.account,
+                        &attempt.id,
+                        instance,
+                        e.class.as_str(),
+                    )
+                    .await;
+                }
+                Ok(Step::Advance)
+            }
+            Outcome::Terminal => {
+                self.end_attempt(attempt, "ended", e.class, &e.message, None)
+                    .await?;
+                let (status, code) = match e.class {
+                    ErrorClass::Billing => (StatusCode::FORBIDDEN, "billing_refused"),
+                    ErrorClass::InvalidRequest => {
+                        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request")
+                    }
+                    ErrorClass::Authority => (StatusCode::FORBIDDEN, "forbidden"),
+                    _ => (StatusCode::FORBIDDEN, "policy_denied"),
+                };
+                Ok(Step::End(
+                    ErrorReply::new(
+                        status,
+                        code,
+                        format!("pool {} refused the create: {}", cand.pool, e.message),
+                    )
+                    .with_details(json!({"pool": cand.pool, "error_class": e.class.as_str()})),
+                ))
+            }
+            Outcome::Unknown => {
+                self.deps
+                    .store
+                    .set_attempt_state(&attempt.id, "reconciling")
+                    .await?;
+                self.deps
+                    .store
+                    .transition_sandbox(
+                        &job.row.id,
+                        &["pending", "provisioning"],
+                        "reconciling",
+                        None,
+                        None,
+                        now_ms(),
+                    )
+                    .await?;
+                self.reconcile(job, cand, attempt).await
+            }
+        }
+    }
+
+    /// An unknown outcome: ask the provider for instances tagged with this attempt before
+    /// anything else is tried. A running one is adopted (it is this attempt's, on this
+    /// attempt's account); none within the window → abandoned (the janitor watches for it)
+    /// and the route advances.
+    async fn reconcile(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+    ) -> Result<Step, StoreError> {
+        self.deps
+            .store
+            .set_attempt_state(&attempt.id, "reconciling")
+            .await?;
+        let Some(adapter) = self.deps.providers.for_pool(&cand.pool) else {
+            self.abandon(job, cand, attempt, "no adapter to reconcile with")
+                .await?;
+            return Ok(Step::Advance);
+        };
+        let window = self.deps.config.reconcile_window_ms as i64;
+        let mut deadline = now_ms() + window;
+        let interval = Duration::from_millis((window / 20).clamp(10, 250) as u64);
+        loop {
+            match adapter.list_by_tag(&job.row.id, Some(&attempt.id)).await {
+                Ok(found) => {
+                    if let Some(running) = found.iter().find(|i| i.state == InstanceState::Running)
+                    {
+                        for extra in found.iter().filter(|i| i.id != running.id) {
+                            let _ = adapter.delete(&extra.id).await;
+                        }
+                        return self.after_running(job, cand, attempt, &running.id).await;
+                    }
+                    if !found.is_empty() && found.iter().all(|i| i.state == InstanceState::Failed) {
+                        for i in &found {
+                            let _ = adapter.delete(&i.id).await;
+                        }
+                        self.end_attempt(
+                            attempt,
+                            "advanced",
+                            ErrorClass::FailedBeforeRunning,
+                            "the reconciled instance failed before running",
+                            Some(&found[0].id),
+                        )
+                        .await?;
+                        self.sample(&cand.pool, false, None).await;
+                        return Ok(Step::Advance);
+                    }
+                    if found.iter().any(|i| i.state == InstanceState::Starting) {
+                        // It exists and is starting: wait for it within the provisioning window.
+                        deadline = deadline.max(
+                            attempt.started_ms + self.deps.config.provisioning_window_ms as i64,
+                        );
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %job.row.id, pool = %cand.pool, error = %e, "reconciliation query failed; retrying");
+                }
+            }
+            if now_ms() >= deadline {
+                self.abandon(
+                    job,
+                    cand,
+                    attempt,
+                    "no instance found within the reconcile window",
+                )
+                .await?;
+                return Ok(Step::Advance);
+            }
+            tokio::time::sleep(interval).await;
+        }
+    }
+
+    async fn abandon(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        why: &str,
+    ) -> Result<(), StoreError> {
+        let now = now_ms();
+        self.deps
+            .store
+            .record_abandoned(
+                &AbandonedRow {
+                    attempt_id: attempt.id.clone(),
+                    sandbox_id: job.row.id.clone(),
+                    pool: cand.pool.clone(),
+                    account: cand.account.clone(),
+                },
+                "unknown_outcome",
+                now,
+                now + self.deps.config.abandoned_watch_secs as i64 * 1000,
+            )
+            .await?;
+        self.end_attempt(attempt, "abandoned", ErrorClass::Unknown, why, None)
+            .await?;
+        self.sample(&cand.pool, false, None).await;
+        self.deps
+            .store
+            .transition_sandbox(
+                &job.row.id,
+                &["reconciling"],
+                "provisioning",
+                None,
+                None,
+                now,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// (d) runtime check, then (e) keep the first success.
+    async fn after_running(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        instance_id: &str,
+    ) -> Result<Step, StoreError> {
+        let adapter = self.deps.providers.for_pool(&cand.pool);
+        let caps = match &adapter {
+            Some(a) => a.capabilities(instance_id).await,
+            None => Err(ProviderError::new(ErrorClass::Unsupported, "no adapter")),
+        };
+        let shortfall = match &caps {
+            Ok(c) => c.shortfall(&job.request, cand.baseline),
+            Err(e) => vec![format!("capabilities could not be read: {e}")],
+        };
+        if !shortfall.is_empty() {
+            let message = format!(
+                "the running instance falls short of the request: {}",
+                shortfall.join(", ")
+            );
+            self.end_attempt(
+                attempt,
+                "advanced",
+                ErrorClass::RuntimeShortfall,
+                &message,
+                Some(instance_id),
+            )
+            .await?;
+            self.sample(&cand.pool, false, None).await;
+            self.destroy(
+                &job.row.id,
+                &cand.pool,
+                &cand.account,
+                &attempt.id,
+                instance_id,
+                "runtime_shortfall",
+            )
+            .await;
+            return Ok(Step::Advance);
+        }
+        let latency = (now_ms() - attempt.started_ms) as f64;
+        self.deps
+            .store
+            .finish_attempt(
+                &attempt.id,
+                &AttemptEnd {
+                    state: "succeeded",
+                    outcome: "success",
+                    error_class: None,
+                    message: None,
+                    instance_id: Some(instance_id),
+                    finished_ms: now_ms(),
+                },
+            )
+            .await?;
+        self.sample(&cand.pool, true, Some(latency)).await;
+        self.place(job, cand, attempt, instance_id).await?;
+        Ok(Step::Placed)
+    }
+
+    async fn place(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        instance_id: &str,
+    ) -> Result<(), StoreError> {
+        let placement = Placement {
+            pool: cand.pool.clone(),
+            provider: cand.provider.clone(),
+            account: cand.account.clone(),
+            region: cand.region.clone(),
+            zone: cand.zone.clone(),
+            instance_id: instance_id.to_string(),
+        };
+        let placement_json = serde_json::to_string(&placement).unwrap_or_default();
+        let placed = self
+            .deps
+            .store
+            .transition_sandbox(
+                &job.row.id,
+                &IN_FLIGHT_STATES,
+                "running",
+                Some(&placement_json),
+                None,
+                now_ms(),
+            )
+            .await?;
+        if !placed {
+            // Deleted while it was being created: the instance must not outlive it.
+            self.destroy(
+                &job.row.id,
+                &cand.pool,
+                &cand.account,
+                &attempt.id,
+                instance_id,
+                "deleted_while_creating",
+            )
+            .await;
+            return Ok(());
+        }
+        self.register_identity(&job.row).await;
+        Ok(())
+    }
+
+    /// Registers the sandbox's egress identity with the proxy, exactly as static identities
+    /// are: its allow-list and its bound credentials.
+    async fn register_identity(&self, row: &SandboxRow) {
+        let Ok(body) = serde_json::from_str::<CreateBody>(&row.request_json) else {
+            return;
+        };
+        let token = match self
+            .deps
+            .credentials
+            .key()
+            .open(&row.token_sealed, &token_context(&row.id))
+        {
+            Ok(t) => t,
+            Err(_) => {
+                tracing::error!(sandbox = %row.id, "sandbox token cannot be unsealed; identity not registered");
+                return;
+            }
+        };
+        let make = || {
+            Identity::new(
+                row.id.clone(),
+                token.expose().as_bytes().to_vec(),
+                row.workspace.clone(),
+                body.request.network.allow_domains.clone(),
+                body.request.labels.clone(),
+            )
+        };
+        let identity = match make().bind(None, &body.credentials, &self.deps.credentials, |i| {
+            format!("credentials[{i}]")
+        }) {
+            Ok(identity) => identity,
+            Err(e) => {
+                // A credential was removed since the create was accepted: run without it.
+                tracing::warn!(sandbox = %row.id, error = %e, "registering without credential bindings");
+                make()
+            }
+        };
+        self.deps.identities.register(identity);
+    }
+
+    async fn sample(&self, pool: &str, success: bool, latency_ms: Option<f64>) {
+        if let Err(e) = self
+            .deps
+            .store
+            .record_sample(pool, now_ms(), success, latency_ms)
+            .await
+        {
+            tracing::warn!(pool, error = %e, "could not record a routing sample");
+        }
+    }
+
+    // ------------------------------------------------------- restart, leases, janitor
+
+    /// At start-up: register the identities of running sandboxes again.
+    pub async fn restore(&self) -> Result<usize, StoreError> {
+        let rows = self.deps.store.running_sandboxes().await?;
+        for row in &rows {
+            self.register_identity(row).await;
+        }
+        Ok(rows.len())
+    }
+
+    /// Starts the lease heartbeat and the janitor; the janitor's first pass runs at once so
+    /// creates left by a crashed process are resumed as soon as their lease expires.
+    pub fn spawn_background(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        let this = self.clone();
+        tasks.push(tokio::spawn(async move {
+            let every = Duration::from_millis((this.deps.config.lease_ttl_ms / 3).max(30));
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = this
+                    .deps
+                    .store
+                    .renew_leases(&this.owner, this.lease_expiry())
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not renew create leases");
+                }
+            }
+        }));
+        let this = self.clone();
+        tasks.push(tokio::spawn(async move {
+            let every = Duration::from_millis(this.deps.config.janitor_interval_ms);
+            loop {
+                this.janitor_pass().await;
+                tokio::time::sleep(every).await;
+            }
+        }));
+        tasks
+    }
+
+    /// One janitor pass: resume creates whose lease expired, delete late instances of
+    /// abandoned attempts, drop expired idempotency keys and old samples.
+    pub async fn janitor_pass(self: &Arc<Self>) {
+        let now = now_ms();
+        match self
+            .deps
+            .store
+            .claim_expired_creates(&self.owner, now, self.lease_expiry())
+            .await
+        {
+            Ok(ids) => {
+                for id in ids {
+                    tracing::info!(sandbox = %id, "resuming an in-flight create whose lease expired");
+                    let this = self.clone();
+                    tokio::spawn(async move { this.drive(&id).await });
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "janitor: cannot claim expired creates"),
+        }
+        match self.deps.store.watched_abandoned(now).await {
+            Ok(rows) => {
+                for row in rows {
+                    let Some(adapter) = self.deps.providers.for_pool(&row.pool) else {
+                        continue;
+                    };
+                    let attempt =
+                        (!row.attempt_id.ends_with("-placed")).then_some(row.attempt_id.as_str());
+                    let Ok(found) = adapter.list_by_tag(&row.sandbox_id, attempt).await else {
+                        continue;
+                    };
+                    // Never touch the instance a sandbox is placed on.
+                    let placed = self
+                        .deps
+                        .store
+                        .get_sandbox(&row.sandbox_id)
+                        .await
+                        .ok()
+                        .flatten()
+                        .filter(|s| s.state != "deleted")
+                        .and_then(|s| s.placement_json)
+                        .and_then(|p| serde_json::from_str::<Placement>(&p).ok())
+                        .map(|p| p.instance_id);
+                    let mut n = 0;
+                    for instance in found {
+                        if Some(&instance.id) == placed.as_ref() {
+                            continue;
+                        }
+                        if adapter.delete(&instance.id).await.is_ok() {
+                            tracing::info!(sandbox = %row.sandbox_id, pool = %row.pool, account = %row.account, instance = %instance.id, "janitor deleted a late instance");
+                            n += 1;
+                        }
+                    }
+                    if n > 0 {
+                        let _ = self
+                            .deps
+                            .store
+                            .count_abandoned_deleted(&row.attempt_id, n)
+                            .await;
+                        metrics::counter!("sandgate_janitor_deleted_instances_total").increment(n);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "janitor: cannot list abandoned attempts"),
+        }
+        let _ = self.deps.store.purge_idempotency_keys(now).await;
+        let _ = self
+            .deps
+            .store
+            .delete_samples_before(now - self.deps.config.stats_window_secs as i64 * 1000)
+            .await;
+    }
+}
+
+fn token_context(sandbox_id: &str) -> String {
+    format!("sandbox-token\n{sandbox_id}")
+}
+
+fn static_code(code: &str) -> &'static str {
+    match code {
+        "forbidden" => "forbidden",
+        "policy_denied" => "policy_denied",
+        "billing_refused" => "billing_refused",
+        "invalid_request" => "invalid_request",
+        "no_eligible_provider" => "no_eligible_provider",
+        _ => "creation_failed",
+    }
+}
+
+/// `no_eligible_provider` in the shared error shape, `details.attempts` from the router.
+pub fn no_eligible_reply(no: NoEligible) -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "no_eligible_provider",
+        no.message.clone(),
+    )
+    .with_details(serde_json::to_value(&no.details).unwrap_or_else(|_| json!({})))
+}

@@ -1,0 +1,380 @@
+//! The provider interface the creation coordinator drives, and the registry of adapters per
+//! pool.
+//!
+//! Contract for adapters (hosted ones such as E2B or Daytona, the local provider, and the
+//! in-process simulated provider):
+//! - `create` provisions one instance on the pool's account, tagged with the sandbox id and
+//!   the attempt id, and returns once it runs (or fails). A provider that cannot tell whether
+//!   its request took effect (a timeout after the request was sent, a dropped connection)
+//!   answers [`ErrorClass::Unknown`]; the coordinator then looks for tagged instances with
+//!   `list_by_tag` before trying anything else, so no duplicate capacity is created.
+//! - `get`, `list_by_tag` and `delete` let the coordinator reconcile and clean up. `delete`
+//!   of an absent instance succeeds.
+//! - `capabilities` reports what a running instance actually offers; the coordinator compares
+//!   it against the request and destroys an instance that falls short.
+//! - Every error carries a class ([`ErrorClass`]) that decides what the coordinator does:
+//!   advance to the next pool, end the operation, or reconcile.
+
+pub mod simulated;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use sandgate_router::Request;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the coordinator does with a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The pool cannot serve this request now: try the next candidate.
+    Advance,
+    /// A refusal of authority, policy, billing standing or the request itself: stop.
+    Terminal,
+    /// The provider may or may not have created an instance: reconcile first.
+    Unknown,
+}
+
+/// Why an attempt did not produce a running sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    Capacity,
+    RateLimit,
+    Quota,
+    RegionUnavailable,
+    Outage,
+    ProviderError,
+    Unsupported,
+    UnboundAccount,
+    FailedBeforeRunning,
+    RuntimeShortfall,
+    Authority,
+    Policy,
+    Billing,
+    InvalidRequest,
+    Unknown,
+}
+
+impl ErrorClass {
+    pub const ALL: [ErrorClass; 15] = [
+        ErrorClass::Capacity,
+        ErrorClass::RateLimit,
+        ErrorClass::Quota,
+        ErrorClass::RegionUnavailable,
+        ErrorClass::Outage,
+        ErrorClass::ProviderError,
+        ErrorClass::Unsupported,
+        ErrorClass::UnboundAccount,
+        ErrorClass::FailedBeforeRunning,
+        ErrorClass::RuntimeShortfall,
+        ErrorClass::Authority,
+        ErrorClass::Policy,
+        ErrorClass::Billing,
+        ErrorClass::InvalidRequest,
+        ErrorClass::Unknown,
+    ];
+
+    pub fn outcome(self) -> Outcome {
+        use ErrorClass::*;
+        match self {
+            Capacity | RateLimit | Quota | RegionUnavailable | Outage | ProviderError
+            | Unsupported | UnboundAccount | FailedBeforeRunning | RuntimeShortfall => {
+                Outcome::Advance
+            }
+            Authority | Policy | Billing | InvalidRequest => Outcome::Terminal,
+            Unknown => Outcome::Unknown,
+        }
+    }
+
+    /// Worth retrying on the same pool within its provisioning window.
+    pub fn retryable(self) -> bool {
+        matches!(self, ErrorClass::RateLimit | ErrorClass::ProviderError)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        use ErrorClass::*;
+        match self {
+            Capacity => "capacity",
+            RateLimit => "rate_limit",
+            Quota => "quota",
+            RegionUnavailable => "region_unavailable",
+            Outage => "outage",
+            ProviderError => "provider_error",
+            Unsupported => "unsupported",
+            UnboundAccount => "unbound_account",
+            FailedBeforeRunning => "failed_before_running",
+            RuntimeShortfall => "runtime_shortfall",
+            Authority => "authority",
+            Policy => "policy",
+            Billing => "billing",
+            InvalidRequest => "invalid_request",
+            Unknown => "unknown",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<ErrorClass> {
+        ErrorClass::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+}
+
+/// A provider failure. `message` is the provider's explanation with secrets removed;
+/// `instance_id` names an instance the failed call left behind (to delete).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}: {message}", class.as_str())]
+pub struct ProviderError {
+    pub class: ErrorClass,
+    pub message: String,
+    pub instance_id: Option<String>,
+}
+
+impl ProviderError {
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> ProviderError {
+        ProviderError {
+            class,
+            message: message.into(),
+            instance_id: None,
+        }
+    }
+}
+
+/// The tags every instance carries, so a lost create can be found again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tags {
+    pub sandbox_id: String,
+    pub attempt_id: String,
+}
+
+/// One create call.
+#[derive(Debug, Clone)]
+pub struct CreateSpec {
+    pub tags: Tags,
+    pub pool: String,
+    /// The pool's own account: an attempt never uses another account's authority.
+    pub account: String,
+    pub request: Arc<Request>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceState {
+    Starting,
+    Running,
+    Failed,
+}
+
+/// What a provisioned instance actually offers (discovered, not declared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeCapabilities {
+    pub process_execute: bool,
+    pub process_ordered_output: bool,
+    pub process_cancel: bool,
+    pub filesystem_read: bool,
+    pub filesystem_write: bool,
+    pub filesystem_list: bool,
+    pub filesystem_delete: bool,
+    pub filesystem_append: bool,
+    pub filesystem_mkdir: bool,
+    pub public_ports: bool,
+    pub pause_resume: bool,
+    pub pty: bool,
+}
+
+impl RuntimeCapabilities {
+    pub const FULL: RuntimeCapabilities = RuntimeCapabilities {
+        process_execute: true,
+        process_ordered_output: true,
+        process_cancel: true,
+        filesystem_read: true,
+        filesystem_write: true,
+        filesystem_list: true,
+        filesystem_delete: true,
+        filesystem_append: true,
+        filesystem_mkdir: true,
+        public_ports: true,
+        pause_resume: true,
+        pty: false,
+    };
+    pub const NONE: RuntimeCapabilities = RuntimeCapabilities {
+        process_execute: false,
+        process_ordered_output: false,
+        process_cancel: false,
+        filesystem_read: false,
+        filesystem_write: false,
+        filesystem_list: false,
+        filesystem_delete: false,
+        filesystem_append: false,
+        filesystem_mkdir: false,
+        public_ports: false,
+        pause_resume: false,
+        pty: false,
+    };
+
+    /// The request's runtime requirements this instance does not meet, as field paths.
+    /// `baseline` adds process execution and file read/write unless the request opts out.
+    pub fn shortfall(&self, request: &Request, baseline: bool) -> Vec<String> {
+        let f = &request.features;
+        let need = |v: Option<bool>, base: bool| v.unwrap_or(base && baseline);
+        let checks = [
+            (
+                "features.process.execute",
+                need(f.process.execute, true),
+                self.process_execute,
+            ),
+            (
+                "features.process.ordered_output",
+                need(f.process.ordered_output, false),
+                self.process_ordered_output,
+            ),
+            (
+                "features.process.cancel",
+                need(f.process.cancel, false),
+                self.process_cancel,
+            ),
+            (
+                "features.filesystem.read",
+                need(f.filesystem.read, true),
+                self.filesystem_read,
+            ),
+            (
+                "features.filesystem.write",
+                need(f.filesystem.write, true),
+                self.filesystem_write,
+            ),
+            (
+                "features.filesystem.list",
+                need(f.filesystem.list, false),
+                self.filesystem_list,
+            ),
+            (
+                "features.filesystem.delete",
+                need(f.filesystem.delete, false),
+                self.filesystem_delete,
+            ),
+            (
+                "features.filesystem.append",
+                need(f.filesystem.append, false),
+                self.filesystem_append,
+            ),
+            (
+                "features.filesystem.mkdir",
+                need(f.filesystem.mkdir, false),
+                self.filesystem_mkdir,
+            ),
+            (
+                "features.public_ports",
+                need(f.public_ports, false),
+                self.public_ports,
+            ),
+            (
+                "features.pause_resume",
+                need(f.pause_resume, false),
+                self.pause_resume,
+            ),
+            ("features.pty", need(f.pty, false), self.pty),
+        ];
+        checks
+            .into_iter()
+            .filter(|(_, needed, has)| *needed && !*has)
+            .map(|(path, _, _)| path.to_string())
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Instance {
+    pub id: String,
+    pub tags: Tags,
+    pub state: InstanceState,
+}
+
+/// A sandbox provider adapter. Object safe; futures are boxed so adapters can be stored as
+/// `Arc<dyn Provider>`.
+pub trait Provider: Send + Sync + 'static {
+    /// The provider kind, e.g. `simulated`, `e2b`.
+    fn kind(&self) -> &'static str;
+    /// Provisions one tagged instance and waits until it runs.
+    fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, ProviderError>>;
+    /// The instance, or `None` when the provider does not know it (deleted or never created).
+    fn get<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Instance>, ProviderError>>;
+    /// Instances tagged with this sandbox id (and attempt id, when given), for reconciliation
+    /// and cleanup.
+    fn list_by_tag<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        attempt_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<Instance>, ProviderError>>;
+    /// Deletes an instance; deleting an absent one succeeds.
+    fn delete<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+    /// What a running instance actually offers.
+    fn capabilities<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>>;
+}
+
+/// Adapters by pool name. A pool without an adapter (a hosted provider this build has no
+/// adapter for) cannot serve: its attempts advance as `unsupported`.
+#[derive(Default)]
+pub struct ProviderRegistry {
+    by_pool: HashMap<String, Arc<dyn Provider>>,
+    simulated: HashMap<String, Arc<simulated::SimulatedProvider>>,
+}
+
+impl std::fmt::Debug for ProviderRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderRegistry")
+            .field("pools", &self.by_pool.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl ProviderRegistry {
+    /// Builds the adapters for the configured pools.
+    /// Every pool whose provider kind is `simulated` gets a simulated adapter (settings from
+    /// `[simulated.<pool>]`, else instant and unlimited). Other kinds have no adapter yet.
+    pub fn from_config(
+        config: &crate::config::Config,
+        topology: &sandgate_router::Topology,
+    ) -> Result<ProviderRegistry, simulated::SimulatedError> {
+        let mut registry = ProviderRegistry::default();
+        for pool in topology.pools() {
+            let kind = topology.providers()[pool.provider].kind;
+            if kind != sandgate_router::ProviderKind::Simulated {
+                continue;
+            }
+            let sim = config
+                .simulated
+                .get(pool.name.as_ref())
+                .cloned()
+                .unwrap_or_default();
+            let provider = Arc::new(simulated::SimulatedProvider::new(&pool.name, sim)?);
+            registry
+                .by_pool
+                .insert(pool.name.to_string(), provider.clone());
+            registry.simulated.insert(pool.name.to_string(), provider);
+        }
+        Ok(registry)
+    }
+
+    pub fn insert(&mut self, pool: &str, provider: Arc<dyn Provider>) {
+        self.by_pool.insert(pool.to_string(), provider);
+    }
+
+    pub fn for_pool(&self, pool: &str) -> Option<Arc<dyn Provider>> {
+        self.by_pool.get(pool).cloned()
+    }
+
+    /// The simulated provider of a pool, for tests and demos to inspect its inventory.
+    pub fn simulated(&self, pool: &str) -> Option<Arc<simulated::SimulatedProvider>> {
+        self.simulated.get(pool).cloned()
+    }
+}
