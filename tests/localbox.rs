@@ -51,12 +51,93 @@ fn runtime(test: &str, extra: Vec<PathBuf>) -> Option<(Arc<LocalRuntime>, tempfi
         eprintln!("SKIPPED localbox::{test}: needs root and network namespaces ({reason})");
         return None;
     }
+    sweep_stale();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = RuntimeConfig::new(dir.path().join("sandboxes"));
-    config.cgroup_name = "sandgate-test".into();
+    config.netns_prefix = NETNS_PREFIX.into();
+    config.cgroup_name = CGROUP.into();
     config.extra_ro_binds = extra;
     let runtime = LocalRuntime::new(config).expect("local runtime");
     Some((Arc::new(runtime), dir))
+}
+
+const NETNS_PREFIX: &str = "sgt-";
+const CGROUP: &str = "sandgate-test";
+
+/// Removes what an earlier, crashed run of these tests left: every sandbox id ends in the
+/// test process's pid, so namespaces and cgroups of dead processes are safe to remove.
+fn sweep_stale() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let dead = |name: &str| {
+            name.rsplit('-')
+                .next()
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        };
+        for entry in std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(NETNS_PREFIX) && dead(&name) {
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "delete", &name])
+                    .status();
+            }
+        }
+        for root in cgroup_roots() {
+            for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if entry.path().is_dir() && dead(&name) {
+                    for child in std::fs::read_dir(entry.path())
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                    {
+                        if child.path().is_dir() {
+                            let _ = std::fs::remove_dir(child.path());
+                        }
+                    }
+                    let _ = std::fs::remove_dir(entry.path());
+                }
+            }
+        }
+    });
+}
+
+/// `<mount>/<own path>/sandgate-test` of each v1 controller the runtime uses.
+fn cgroup_roots() -> Vec<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    v1_groups(&own)
+        .into_iter()
+        .map(|p| p.join(CGROUP))
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// Host directories of the freezer, memory and cpu groups named in a `/proc/*/cgroup`.
+fn v1_groups(proc_cgroup: &str) -> Vec<PathBuf> {
+    proc_cgroup
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let _ = parts.next();
+            let controllers = parts.next()?;
+            let path = parts.next()?;
+            let controller = ["freezer", "memory", "cpu"]
+                .into_iter()
+                .find(|c| controllers.split(',').any(|x| x == *c))?;
+            let mount = Path::new("/sys/fs/cgroup").join(controllers);
+            let mount = if mount.is_dir() {
+                mount
+            } else {
+                Path::new("/sys/fs/cgroup").join(controller)
+            };
+            Some(mount.join(path.trim_start_matches('/')))
+        })
+        .collect()
 }
 
 fn id(name: &str) -> String {
@@ -627,27 +708,9 @@ async fn pause_stops_progress_and_resume_continues() {
 
 fn cgroup_dirs(pid: u32) -> Vec<PathBuf> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let mut parts = line.splitn(3, ':');
-            let _ = parts.next();
-            let controllers = parts.next()?;
-            let path = parts.next()?;
-            let controller = ["freezer", "memory", "cpu"]
-                .into_iter()
-                .find(|c| controllers.split(',').any(|x| x == *c))?;
-            let mount = if controller == "cpu" && Path::new("/sys/fs/cgroup/cpu,cpuacct").exists() {
-                "cpu,cpuacct".to_string()
-            } else {
-                controller.to_string()
-            };
-            Some(
-                Path::new("/sys/fs/cgroup")
-                    .join(mount)
-                    .join(path.trim_start_matches('/')),
-            )
-        })
-        .filter(|p| p.to_string_lossy().contains("sandgate-test"))
+    v1_groups(&text)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(CGROUP))
         .collect()
 }
 
@@ -931,4 +994,53 @@ print(r.status_code, r.text)
         "{head}"
     );
     rt.delete(&id).await.expect("delete");
+}
+
+/// Set in the child process of [`missing_capability_is_named`].
+const PRIV_CHILD: &str = "SANDGATE_LOCALBOX_PRIVILEGE_CHILD";
+
+/// Runs in a child whose bounding set lacks CAP_SYS_ADMIN: the runtime must refuse to
+/// start and say what is missing. A no-op when run normally.
+#[test]
+fn privilege_probe_child() {
+    if std::env::var_os(PRIV_CHILD).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    match LocalRuntime::new(RuntimeConfig::new(dir.path().join("s"))) {
+        Ok(_) => println!("RESULT: started without CAP_SYS_ADMIN"),
+        Err(e) => println!("RESULT: {e}"),
+    }
+}
+
+#[test]
+fn missing_capability_is_named() {
+    if let Some(reason) = unprivileged() {
+        eprintln!("SKIPPED localbox::missing_capability_is_named: needs root to drop a capability ({reason})");
+        return;
+    }
+    let Some(setpriv) = which("setpriv") else {
+        eprintln!("SKIPPED localbox::missing_capability_is_named: setpriv is not installed");
+        return;
+    };
+    let out = std::process::Command::new(setpriv)
+        .args(["--bounding-set", "-sys_admin", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "privilege_probe_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(PRIV_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    let result = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT: ").map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("child said nothing: {stdout} {}", text(&out.stderr)));
+    assert!(result.contains("missing CAP_SYS_ADMIN"), "{result}");
+    assert!(result.contains("run sandgate as root"), "{result}");
+    assert!(!result.contains("CAP_NET_ADMIN"), "{result}");
 }

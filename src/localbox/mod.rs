@@ -440,32 +440,34 @@ impl LocalRuntime {
             ));
         }
         let dir = self.base.join(&spec.id);
-        {
-            let map = self.map();
-            if map.contains_key(&spec.id) || dir.exists() {
+        let netns = self.netns_name(&spec.id);
+        let sandbox = {
+            // Checked and reserved under one lock: two creates of one id cannot both pass.
+            let mut map = self.map();
+            if map.contains_key(&spec.id)
+                || dir.exists()
+                || Path::new("/run/netns").join(&netns).exists()
+            {
                 return Err(LocalboxError::AlreadyExists(spec.id.clone()));
             }
-        }
-        let netns = self.netns_name(&spec.id);
-        if Path::new("/run/netns").join(&netns).exists() {
-            return Err(LocalboxError::AlreadyExists(spec.id.clone()));
-        }
-        let cgroups = cgroup::SandboxCgroups::create(&self.controllers, &spec.id)
-            .map_err(|e| LocalboxError::setup("creating cgroups", e))?;
-        let sandbox = Arc::new(Sandbox {
-            id: spec.id.clone(),
-            root: dir.join("root"),
-            dir,
-            netns,
-            env,
-            cgroups,
-            seq: AtomicU64::new(0),
-            life: tokio::sync::Mutex::new(Life {
-                status: SandboxStatus::Stopped,
-                init: None,
-            }),
-        });
-        self.map().insert(spec.id.clone(), sandbox.clone());
+            let cgroups = cgroup::SandboxCgroups::create(&self.controllers, &spec.id)
+                .map_err(|e| LocalboxError::setup("creating cgroups", e))?;
+            let sandbox = Arc::new(Sandbox {
+                id: spec.id.clone(),
+                root: dir.join("root"),
+                dir,
+                netns,
+                env,
+                cgroups,
+                seq: AtomicU64::new(0),
+                life: tokio::sync::Mutex::new(Life {
+                    status: SandboxStatus::Stopped,
+                    init: None,
+                }),
+            });
+            map.insert(spec.id.clone(), sandbox.clone());
+            sandbox
+        };
         match self.build(sandbox, &spec, port).await {
             Ok(created) => Ok(created),
             Err(e) => {
@@ -1288,11 +1290,7 @@ fn check_privileges() -> Result<()> {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         .unwrap_or(0);
-    let missing: Vec<&str> = NEEDED_CAPS
-        .iter()
-        .filter(|(bit, _)| effective & (1u64 << bit) == 0)
-        .map(|(_, name)| *name)
-        .collect();
+    let missing = missing_caps(effective);
     if missing.is_empty() {
         return Ok(());
     }
@@ -1300,6 +1298,14 @@ fn check_privileges() -> Result<()> {
         missing: missing.join(", "),
         userns: userns_status(),
     })
+}
+
+fn missing_caps(effective: u64) -> Vec<&'static str> {
+    NEEDED_CAPS
+        .iter()
+        .filter(|(bit, _)| effective & (1u64 << bit) == 0)
+        .map(|(_, name)| *name)
+        .collect()
 }
 
 fn userns_status() -> String {
@@ -1334,6 +1340,24 @@ mod tests {
         assert!(proxy_port("http://127.0.0.1").is_err());
         assert!(proxy_port("http://127.0.0.1:0").is_err());
         assert!(proxy_port("http://127.0.0.1:1/x").is_err());
+    }
+
+    #[test]
+    fn missing_capabilities_are_named() {
+        assert!(missing_caps(u64::MAX).is_empty());
+        let missing = missing_caps(u64::MAX & !(1 << 21) & !(1 << 12));
+        assert_eq!(missing, ["CAP_SYS_ADMIN", "CAP_NET_ADMIN"]);
+        let error = LocalboxError::Privileges {
+            missing: missing.join(", "),
+            userns: "unavailable (user.max_user_namespaces = 0)".into(),
+        };
+        let text = error.to_string();
+        assert!(
+            text.contains("missing CAP_SYS_ADMIN, CAP_NET_ADMIN"),
+            "{text}"
+        );
+        assert!(text.contains("run sandgate as root"), "{text}");
+        assert!(text.contains("user namespaces: unavailable"), "{text}");
     }
 
     #[test]
