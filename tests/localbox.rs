@@ -443,7 +443,8 @@ async fn exec_streams_in_order_with_exit_codes_and_a_clean_environment() {
     assert_ne!(sh(&rt, &id, "touch /x").await.code(), Some(0));
     assert!(text(&sh(&rt, &id, "grep ' /usr ' /proc/mounts").await.stdout).contains("nosuid"));
 
-    // Timeout kills the tree.
+    // Timeout kills the tree, the background child included.
+    let baseline = rt.pids(&id).await.unwrap().len();
     let started = Instant::now();
     let mut request = ExecRequest::new(["sh", "-c", "sleep 60 & sleep 60"]);
     request.timeout = Some(Duration::from_millis(300));
@@ -451,9 +452,13 @@ async fn exec_streams_in_order_with_exit_codes_and_a_clean_environment() {
     let exit = out.exit.unwrap();
     assert_eq!(exit.reason, ExitReason::TimedOut);
     assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(
+        rt.pids(&id).await.unwrap().len(),
+        baseline,
+        "the timeout left processes"
+    );
 
     // Cancel and drop kill the whole tree (background child included).
-    let baseline = rt.pids(&id).await.unwrap().len();
     let handle = rt
         .exec(&id, ExecRequest::new(["sh", "-c", "sleep 60 & sleep 60"]))
         .await
@@ -475,7 +480,14 @@ async fn exec_streams_in_order_with_exit_codes_and_a_clean_environment() {
         .exec(&id, ExecRequest::new(["sh", "-c", "sleep 60 & sleep 60"]))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt.pids(&id).await.unwrap().len() < baseline + 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the exec's processes never appeared"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     drop(handle);
     let deadline = Instant::now() + Duration::from_secs(10);
     while rt.pids(&id).await.unwrap().len() != baseline && Instant::now() < deadline {

@@ -49,9 +49,12 @@
 //!   (its freezer group). When the command exits, processes it left in the background
 //!   keep running until the sandbox is stopped; output is read for a short grace period
 //!   after the exit.
-//! * File operations work whether the sandbox is running, paused or stopped; see
-//!   [`fs`](self) rules: paths are sandbox paths, `..` is refused, symlinks resolve inside
-//!   the root, and mutations are confined to `/home/user` and `/tmp`.
+//! * File operations work whether the sandbox is running, paused or stopped. Paths are
+//!   sandbox paths (absolute, or relative to `/home/user`); a `..` component is refused;
+//!   every symlink is resolved inside the root (`openat2` with `RESOLVE_IN_ROOT`), so a
+//!   link planted by the sandbox never reaches the host; mutations (write, mkdir,
+//!   remove) are confined to `/home/user` and `/tmp`. They see the sandbox's own tree,
+//!   not the shared read-only base.
 //! * stop keeps files and the listener; start brings a fresh init. pause freezes every
 //!   process (needs the freezer, else [`LocalboxError::Unsupported`]). delete kills
 //!   everything, removes the cgroups, the network namespace and the directory.
