@@ -1056,3 +1056,59 @@ fn missing_capability_is_named() {
     assert!(result.contains("run sandgate as root"), "{result}");
     assert!(!result.contains("CAP_NET_ADMIN"), "{result}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_of_a_crashed_gateway_are_purged() {
+    let Some((crashed, dir)) = runtime("orphans", vec![]) else {
+        return;
+    };
+    let id = id("orphan");
+    let created = crashed.create(spec(&id)).await.expect("create");
+    drop(created.listener);
+    assert_eq!(
+        sh(&crashed, &id, "nohup sleep 1000 >/dev/null 2>&1 & echo ok")
+            .await
+            .code(),
+        Some(0)
+    );
+    let pids = crashed.pids(&id).await.unwrap();
+    let groups = cgroup_dirs(pids[pids.len() - 1]);
+    assert!(!groups.is_empty() || !crashed.capabilities().freezer);
+    let netns = crashed.netns_name(&id);
+    let sandbox_dir = crashed.sandbox_dir(&id);
+    // A crash: nothing runs the runtime's cleanup, processes keep running.
+    std::mem::forget(crashed);
+    for pid in &pids {
+        assert!(Path::new(&format!("/proc/{pid}")).exists());
+    }
+
+    let mut config = RuntimeConfig::new(dir.path().join("sandboxes"));
+    config.netns_prefix = NETNS_PREFIX.into();
+    config.cgroup_name = CGROUP.into();
+    let restarted = LocalRuntime::new(config).unwrap();
+    let kept = format!("{id}-kept");
+    restarted.create(spec(&kept)).await.expect("create");
+    assert_eq!(restarted.purge_orphans().await.unwrap(), vec![id.clone()]);
+
+    assert!(!Path::new("/run/netns").join(&netns).exists());
+    assert!(!sandbox_dir.exists());
+    for pid in &pids {
+        let gone = eventually(Duration::from_secs(10), || {
+            // A killed child of the forgotten runtime stays a zombie until reaped.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| {
+                    s.rsplit_once(')')
+                        .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                })
+                .unwrap_or(true)
+        })
+        .await;
+        assert!(gone, "process {pid} survived the purge");
+    }
+    for group in &groups {
+        assert!(!group.exists(), "cgroup {} remains", group.display());
+    }
+    // The live sandbox was not touched.
+    assert_eq!(run(&restarted, &kept, &["true"]).await.code(), Some(0));
+    restarted.delete(&kept).await.unwrap();
+}

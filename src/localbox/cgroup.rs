@@ -105,6 +105,17 @@ impl SandboxCgroups {
         })
     }
 
+    /// The groups of `id` that exist already (for cleaning up after a crash).
+    pub fn existing(controllers: &Controllers, id: &str) -> SandboxCgroups {
+        let find =
+            |base: &Option<PathBuf>| base.as_ref().map(|b| b.join(id)).filter(|dir| dir.is_dir());
+        SandboxCgroups {
+            freezer: find(&controllers.freezer),
+            memory: find(&controllers.memory),
+            cpu: find(&controllers.cpu),
+        }
+    }
+
     /// Sets and reads back the memory limit; `Ok(false)` when there is no memory group.
     pub fn set_memory(&self, bytes: u64) -> io::Result<bool> {
         let Some(dir) = &self.memory else {

@@ -1001,7 +1001,54 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
     pub async fn delete(&self, id: &str) -> Result<()> {
         let sandbox = self.get(id)?;
         let mut life = sandbox.life.lock().await;
-        self.kill_all(&sandbox, &mut life).await?;
+        self.teardown(&sandbox, &mut life).await?;
+        drop(life);
+        self.map().remove(id);
+        Ok(())
+    }
+
+    /// Removes the sandboxes a previous gateway process left in `base_dir` (after a
+    /// crash): kills their processes, removes their cgroups, network namespaces and
+    /// directories. Sandboxes this runtime manages are untouched. Call it at startup;
+    /// returns the ids removed.
+    pub async fn purge_orphans(&self) -> Result<Vec<String>> {
+        let mut ids: Vec<String> = std::fs::read_dir(&self.base)
+            .map_err(|e| LocalboxError::setup("reading base_dir", e))?
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|id| validate_id(id).is_ok())
+            .collect();
+        ids.sort();
+        let mut purged = Vec::new();
+        for id in ids {
+            if self.map().contains_key(&id) {
+                continue;
+            }
+            let dir = self.base.join(&id);
+            let orphan = Sandbox {
+                root: dir.join("root"),
+                dir,
+                netns: self.netns_name(&id),
+                env: Vec::new(),
+                cgroups: cgroup::SandboxCgroups::existing(&self.controllers, &id),
+                seq: AtomicU64::new(0),
+                life: tokio::sync::Mutex::new(Life {
+                    status: SandboxStatus::Stopped,
+                    init: None,
+                }),
+                id,
+            };
+            let mut life = orphan.life.lock().await;
+            self.teardown(&orphan, &mut life).await?;
+            drop(life);
+            purged.push(orphan.id);
+        }
+        Ok(purged)
+    }
+
+    async fn teardown(&self, sandbox: &Sandbox, life: &mut Life) -> Result<()> {
+        self.kill_all(sandbox, life).await?;
         let mut removed = sandbox.cgroups.remove();
         for _ in 0..100 {
             if removed.is_ok() {
@@ -1033,8 +1080,6 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             std::fs::remove_dir_all(&sandbox.dir)
                 .map_err(|e| LocalboxError::setup("removing the directory", e))?;
         }
-        drop(life);
-        self.map().remove(id);
         Ok(())
     }
 
