@@ -1,5 +1,7 @@
-//! cgroup v1 controllers for sandboxes: freezer (pause/resume and reliable tree kills),
-//! memory and cpu (limits).
+//! cgroups for sandboxes: freezing (pause/resume and reliable tree kills), memory and
+//! cpu limits. cgroup v1 (`freezer`, `memory`, `cpu` hierarchies) or cgroup v2
+//! (`cgroup.freeze`, `cgroup.kill`, `memory.max`, `cpu.max`; the limits only where the
+//! gateway's own group delegates those controllers, e.g. systemd `Delegate=yes`).
 //!
 //! Each controller's sandbox groups are created *under the gateway's own group* of that
 //! controller (`<mount>/<own path>/<name>/<sandbox id>`), so any limit the gateway itself
@@ -15,24 +17,58 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Where the usable v1 controllers of this process live.
+/// Which cgroup hierarchy to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CgroupMode {
+    /// v1 when its freezer is mounted, else v2 when usable, else none.
+    #[default]
+    Auto,
+    V1,
+    V2,
+    /// No cgroups: no pause, no limits; kills by process group and PID namespace.
+    Off,
+}
+
+/// Where the usable controllers of this process live.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Controllers {
-    /// `<mount>/<own path>/<name>` for each controller that is mounted and writable.
+    /// `<mount>/<own path>/<name>` for each controller that is usable; under v2 all are
+    /// the same directory.
     pub freezer: Option<PathBuf>,
     pub memory: Option<PathBuf>,
     pub cpu: Option<PathBuf>,
+    pub unified: bool,
 }
 
 impl Controllers {
-    /// Finds the v1 controllers from `/proc/self/mountinfo` and `/proc/self/cgroup` and
+    /// Finds the controllers from `/proc/self/mountinfo` and `/proc/self/cgroup` and
     /// keeps those under which a `name` group can be created.
-    pub fn probe(name: &str) -> Controllers {
+    pub fn probe(name: &str, mode: CgroupMode) -> Controllers {
         let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        match mode {
+            CgroupMode::Off => Controllers::default(),
+            CgroupMode::V1 => Self::probe_v1(&mountinfo, &own, name),
+            CgroupMode::V2 => Self::probe_v2(&mountinfo, &own, name),
+            CgroupMode::Auto => {
+                let v1 = Self::probe_v1(&mountinfo, &own, name);
+                if v1.freezer.is_some() {
+                    return v1;
+                }
+                let v2 = Self::probe_v2(&mountinfo, &own, name);
+                if v2.freezer.is_some() {
+                    v2
+                } else {
+                    v1
+                }
+            }
+        }
+    }
+
+    fn probe_v1(mountinfo: &str, own: &str, name: &str) -> Controllers {
         let find = |controller: &str, file: &str| -> Option<PathBuf> {
-            let mount = v1_mount(&mountinfo, controller)?;
-            let path = own_path(&own, controller)?;
+            let mount = v1_mount(mountinfo, controller)?;
+            let path = own_path(own, controller)?;
             let dir = mount.join(path.trim_start_matches('/')).join(name);
             if !dir.is_dir() {
                 fs::create_dir(&dir).ok()?;
@@ -43,8 +79,50 @@ impl Controllers {
             freezer: find("freezer", "freezer.state"),
             memory: find("memory", "memory.limit_in_bytes"),
             cpu: find("cpu", "cpu.cfs_quota_us"),
+            unified: false,
         }
     }
+
+    fn probe_v2(mountinfo: &str, own: &str, name: &str) -> Controllers {
+        let base = (|| {
+            let mount = v2_mount(mountinfo)?;
+            let path = own
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))?
+                .trim()
+                .to_string();
+            let dir = mount.join(path.trim_start_matches('/')).join(name);
+            if !dir.is_dir() {
+                fs::create_dir(&dir).ok()?;
+            }
+            dir.join("cgroup.freeze").exists().then_some(dir)
+        })();
+        let Some(base) = base else {
+            return Controllers::default();
+        };
+        // Enable what the gateway's own group delegates, for the sandbox groups below.
+        let _ = write(&base.join("cgroup.subtree_control"), "+memory");
+        let _ = write(&base.join("cgroup.subtree_control"), "+cpu");
+        let enabled = fs::read_to_string(base.join("cgroup.subtree_control")).unwrap_or_default();
+        let has = |c: &str| enabled.split_whitespace().any(|e| e == c);
+        Controllers {
+            memory: has("memory").then(|| base.clone()),
+            cpu: has("cpu").then(|| base.clone()),
+            freezer: Some(base),
+            unified: true,
+        }
+    }
+}
+
+/// Mount point of the cgroup2 hierarchy.
+fn v2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        if right.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        Some(PathBuf::from(left.split_whitespace().nth(4)?))
+    })
 }
 
 /// Mount point of the v1 hierarchy carrying `controller` (super options list it).
@@ -85,6 +163,8 @@ pub(crate) struct SandboxCgroups {
     pub freezer: Option<PathBuf>,
     pub memory: Option<PathBuf>,
     pub cpu: Option<PathBuf>,
+    /// v2: one group holds everything; processes live only in its leaves.
+    pub unified: bool,
 }
 
 impl SandboxCgroups {
@@ -98,10 +178,19 @@ impl SandboxCgroups {
                 Err(e) => Err(e),
             }
         };
+        let freezer = make(&controllers.freezer)?;
+        let unified = controllers.unified;
+        let (memory, cpu) = if unified {
+            let same = |c: &Option<PathBuf>| c.as_ref().and(freezer.clone());
+            (same(&controllers.memory), same(&controllers.cpu))
+        } else {
+            (make(&controllers.memory)?, make(&controllers.cpu)?)
+        };
         Ok(SandboxCgroups {
-            freezer: make(&controllers.freezer)?,
-            memory: make(&controllers.memory)?,
-            cpu: make(&controllers.cpu)?,
+            freezer,
+            memory,
+            cpu,
+            unified,
         })
     }
 
@@ -113,6 +202,7 @@ impl SandboxCgroups {
             freezer: find(&controllers.freezer),
             memory: find(&controllers.memory),
             cpu: find(&controllers.cpu),
+            unified: controllers.unified,
         }
     }
 
@@ -121,8 +211,19 @@ impl SandboxCgroups {
         let Some(dir) = &self.memory else {
             return Ok(false);
         };
+        if self.unified {
+            write(&dir.join("memory.max"), &bytes.to_string())?;
+            // Without this a process could spill to swap past the limit.
+            let swap = dir.join("memory.swap.max");
+            if swap.exists() {
+                write(&swap, "0")?;
+            }
+            let read: u64 = read_trim(&dir.join("memory.max"))?
+                .parse()
+                .map_err(|_| io::Error::other("unparsable memory.max"))?;
+            return Ok(read <= bytes && read + 4096 * 16 > bytes);
+        }
         write(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
-        // Without this a process could spill to swap past the limit.
         let memsw = dir.join("memory.memsw.limit_in_bytes");
         if memsw.exists() {
             write(&memsw, &bytes.to_string())?;
@@ -141,6 +242,10 @@ impl SandboxCgroups {
         };
         let period: u64 = 100_000;
         let quota = (u64::from(millis) * period / 1000).max(1000);
+        if self.unified {
+            write(&dir.join("cpu.max"), &format!("{quota} {period}"))?;
+            return Ok(read_trim(&dir.join("cpu.max"))? == format!("{quota} {period}"));
+        }
         write(&dir.join("cpu.cfs_period_us"), &period.to_string())?;
         write(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
         Ok(read_trim(&dir.join("cpu.cfs_quota_us"))? == quota.to_string())
@@ -162,7 +267,13 @@ impl SandboxCgroups {
     /// The `cgroup.procs` files a new process of this sandbox must join, the freezer one
     /// being `freezer_group` (a child made by [`Self::freezer_child`]).
     pub fn join_files(&self, freezer_group: Option<&Path>) -> Vec<CString> {
-        [freezer_group, self.memory.as_deref(), self.cpu.as_deref()]
+        let limits = if self.unified {
+            // One hierarchy: the leaf is below the limited group already.
+            [None, None]
+        } else {
+            [self.memory.as_deref(), self.cpu.as_deref()]
+        };
+        [freezer_group, limits[0], limits[1]]
             .into_iter()
             .flatten()
             .filter_map(|dir| CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).ok())
@@ -229,15 +340,28 @@ fn read_trim(path: &Path) -> io::Result<String> {
     Ok(fs::read_to_string(path)?.trim().to_string())
 }
 
-/// Freezes (or thaws) a freezer group and waits, bounded, until the kernel reports the
-/// state reached. A group whose parent is frozen stays `FROZEN` when thawed; that is
-/// reported as success since nothing more can be done from here.
+/// Freezes (or thaws) a group (v1 `freezer.state` or v2 `cgroup.freeze`, whichever the
+/// directory has) and waits, bounded, until the kernel reports the state reached. A group
+/// whose parent is frozen stays frozen when thawed; that is reported as success since
+/// nothing more can be done from here.
 pub(crate) async fn set_frozen(dir: &Path, frozen: bool) -> io::Result<()> {
-    let want = if frozen { "FROZEN" } else { "THAWED" };
-    write(&dir.join("freezer.state"), want)?;
+    let v2 = dir.join("cgroup.freeze").exists();
+    let (file, want) = match (v2, frozen) {
+        (true, true) => ("cgroup.freeze", "1"),
+        (true, false) => ("cgroup.freeze", "0"),
+        (false, true) => ("freezer.state", "FROZEN"),
+        (false, false) => ("freezer.state", "THAWED"),
+    };
+    write(&dir.join(file), want)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let state = read_trim(&dir.join("freezer.state"))?;
+        let state = if v2 {
+            let events = read_trim(&dir.join("cgroup.events"))?;
+            let frozen_now = events.lines().any(|l| l.trim() == "frozen 1");
+            if frozen_now { "1" } else { "0" }.to_string()
+        } else {
+            read_trim(&dir.join("freezer.state"))?
+        };
         if state == want || (!frozen && parent_freezing(dir)) {
             return Ok(());
         }
@@ -247,15 +371,20 @@ pub(crate) async fn set_frozen(dir: &Path, frozen: bool) -> io::Result<()> {
                 dir.display()
             )));
         }
-        if frozen {
-            // A FREEZING group is retried by writing the state again.
-            write(&dir.join("freezer.state"), want)?;
+        if frozen && !v2 {
+            // A FREEZING v1 group is retried by writing the state again.
+            write(&dir.join(file), want)?;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 fn parent_freezing(dir: &Path) -> bool {
+    if dir.join("cgroup.freeze").exists() {
+        return dir
+            .parent()
+            .is_some_and(|p| read_trim(&p.join("cgroup.freeze")).is_ok_and(|v| v == "1"));
+    }
     read_trim(&dir.join("freezer.parent_freezing")).is_ok_and(|v| v == "1")
 }
 
@@ -265,6 +394,11 @@ fn parent_freezing(dir: &Path) -> bool {
 pub(crate) async fn kill_group(dir: &Path) -> io::Result<()> {
     if !dir.exists() {
         return Ok(());
+    }
+    if dir.join("cgroup.kill").exists() {
+        // v2: the kernel kills the whole subtree, frozen or not, without races.
+        write(&dir.join("cgroup.kill"), "1")?;
+        return wait_empty(dir, Duration::from_secs(10)).await;
     }
     if let Err(e) = set_frozen(dir, true).await {
         // Still kill: a task stuck in the kernel may delay freezing, not the kill.

@@ -23,10 +23,13 @@
 //! * an **unprivileged user** (`uid`/`gid` of [`RuntimeConfig`], default 65534) for every
 //!   exec: no capabilities, no supplementary groups, setuid binaries neutralized by
 //!   `nosuid`;
-//! * **cgroup v1** groups under the gateway's own (`freezer`, `memory`, `cpu`, each when
-//!   mounted and writable): the freezer for pause/resume and for killing a whole process
-//!   tree reliably, memory and cpu for limits. Limits are applied only when enforceable
-//!   and [`Enforced`] reports exactly what is.
+//! * **cgroups** under the gateway's own group ([`CgroupMode`]): v1 (`freezer`, `memory`,
+//!   `cpu` hierarchies, each when mounted and writable) or v2 (`cgroup.freeze`,
+//!   `cgroup.kill`; `memory.max` and `cpu.max` only where the gateway's group delegates
+//!   those controllers, e.g. systemd `Delegate=yes`). The freezer serves pause/resume
+//!   and killing a whole process tree reliably; each exec (and the init) has its own
+//!   leaf group. Limits are applied only when enforceable, [`Enforced`] reports exactly
+//!   what is, and asking for one that cannot be enforced is an error.
 //!
 //! Every process gets an environment built only from: `PATH`, `HOME=/home/user`, the
 //! proxy variables (`HTTP_PROXY`, `HTTPS_PROXY`, `http_proxy`, `https_proxy` = the proxy
@@ -81,6 +84,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::process::Command;
 
+pub use cgroup::CgroupMode;
 pub use exec::{ExecCanceller, ExecEvent, ExecHandle, ExecOutput, ExitInfo, ExitReason};
 
 /// The variables that carry the path of the gateway CA inside the sandbox.
@@ -173,6 +177,8 @@ pub struct RuntimeConfig {
     pub extra_ro_binds: Vec<PathBuf>,
     /// Bound on bringing up a sandbox's init.
     pub start_timeout: Duration,
+    /// Which cgroup hierarchy to use (default: v1 when its freezer is mounted, else v2).
+    pub cgroups: CgroupMode,
 }
 
 impl RuntimeConfig {
@@ -185,6 +191,7 @@ impl RuntimeConfig {
             gid: 65534,
             extra_ro_binds: Vec::new(),
             start_timeout: Duration::from_secs(20),
+            cgroups: CgroupMode::Auto,
         }
     }
 }
@@ -217,7 +224,9 @@ pub struct Limits {
 /// What the runtime can enforce on this machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
-    /// pause/resume and whole-tree kills through the cgroup v1 freezer.
+    /// The hierarchy in use: `Some(1)`, `Some(2)`, or `None` without cgroups.
+    pub cgroup_version: Option<u8>,
+    /// pause/resume and whole-tree kills through the cgroup freezer.
     pub freezer: bool,
     pub memory_limit: bool,
     pub cpu_limit: bool,
@@ -375,7 +384,7 @@ impl LocalRuntime {
             .base_dir
             .canonicalize()
             .map_err(|e| LocalboxError::setup("resolving base_dir", e))?;
-        let controllers = cgroup::Controllers::probe(&config.cgroup_name);
+        let controllers = cgroup::Controllers::probe(&config.cgroup_name, config.cgroups);
         let layout = base_layout(&config)?;
         Ok(LocalRuntime {
             config,
@@ -388,7 +397,11 @@ impl LocalRuntime {
     }
 
     pub fn capabilities(&self) -> Capabilities {
+        let any = self.controllers.freezer.is_some()
+            || self.controllers.memory.is_some()
+            || self.controllers.cpu.is_some();
         Capabilities {
+            cgroup_version: any.then_some(if self.controllers.unified { 2 } else { 1 }),
             freezer: self.controllers.freezer.is_some(),
             memory_limit: self.controllers.memory.is_some(),
             cpu_limit: self.controllers.cpu.is_some(),
@@ -434,12 +447,12 @@ impl LocalRuntime {
         let env = self.base_env(&spec)?;
         if spec.limits.memory_bytes.is_some() && self.controllers.memory.is_none() {
             return Err(LocalboxError::Unsupported(
-                "memory limit: no writable cgroup v1 memory controller".into(),
+                "memory limit: no usable memory controller (cgroup v1 memory, or v2 memory delegated to the gateway)".into(),
             ));
         }
         if spec.limits.cpu_millis.is_some() && self.controllers.cpu.is_none() {
             return Err(LocalboxError::Unsupported(
-                "cpu limit: no writable cgroup v1 cpu controller".into(),
+                "cpu limit: no usable cpu controller (cgroup v1 cpu, or v2 cpu delegated to the gateway)".into(),
             ));
         }
         let dir = self.base.join(&spec.id);
@@ -939,7 +952,7 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
         let sandbox = self.get(id)?;
         let Some(freezer) = &sandbox.cgroups.freezer else {
             return Err(LocalboxError::Unsupported(
-                "pause needs the cgroup v1 freezer, which is not available".into(),
+                "pause needs the cgroup freezer (v1 freezer or v2 cgroup.freeze), which is not available".into(),
             ));
         };
         let mut life = sandbox.life.lock().await;
