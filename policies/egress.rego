@@ -10,19 +10,15 @@ import rego.v1
 
 default allow := false
 
-# The destination host and the "*.parent" patterns that cover it, computed by sandgate:
-# a lookup per name instead of a match per pattern.
-names := {n | some n in input.destination.match_names}
-
-sandbox_patterns := {p | some p in input.sandbox.allow_domains}
-
+# input.destination.match_names is the host and the "*.parent" patterns that cover it,
+# computed by sandgate: a lookup per name instead of a match per pattern.
 allow if {
-	some name in names
-	name in sandbox_patterns
+	some name in input.destination.match_names
+	name in input.sandbox.allow_domains
 }
 
 allow if {
-	some name in names
+	some name in input.destination.match_names
 	data.sandgate.workspaces[input.sandbox.workspace].allow_domains[name]
 }
 

@@ -103,13 +103,12 @@ impl DecisionLog {
         Ok(DecisionLog { tx: Some(tx) })
     }
 
+    /// Whether records are written at all; callers skip building one when not.
+    pub fn enabled(&self) -> bool {
+        self.tx.is_some()
+    }
+
     pub fn record(&self, record: DecisionRecord) {
-        metrics::counter!(
-            "sandgate_egress_decisions_total",
-            "phase" => record.phase,
-            "decision" => record.decision
-        )
-        .increment(1);
         if let Some(tx) = &self.tx {
             if tx.try_send(record).is_err() {
                 metrics::counter!("sandgate_decision_log_dropped_total").increment(1);

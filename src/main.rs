@@ -50,6 +50,46 @@ enum Command {
         #[arg(long, short, env = "SANDGATE_CONFIG", global = true)]
         config: Option<PathBuf>,
     },
+    /// Check, test and evaluate Rego policies.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+        /// TOML configuration file (its `[policy] dir` is the default directory).
+        #[arg(long, short, env = "SANDGATE_CONFIG", global = true)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Parse and compile every policy and test file; exit 1 with file:line on error.
+    Check {
+        /// Policy directory (default: the config's `[policy] dir`).
+        dir: Option<PathBuf>,
+    },
+    /// Run the `test_*` rules of `*_test.rego` files, like `opa test`.
+    Test {
+        /// Policy directory (default: the config's `[policy] dir`).
+        dir: Option<PathBuf>,
+        /// Only tests whose `package.rule` name contains this.
+        #[arg(long)]
+        run: Option<String>,
+        /// Print every test, not only failures.
+        #[arg(long, short)]
+        verbose: bool,
+    },
+    /// Evaluate one layer's decision for an input document.
+    Eval {
+        /// The layer (package `sandgate.<layer>`), e.g. egress or credential.
+        #[arg(long)]
+        layer: String,
+        /// JSON input document (`-` for standard input).
+        #[arg(long)]
+        input: PathBuf,
+        /// Policy directory (default: the config's `[policy] dir`).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -63,12 +103,24 @@ enum CaCommand {
 }
 
 fn main() -> anyhow::Result<()> {
+    // regorus reports undefined values through error objects it then discards; with
+    // RUST_BACKTRACE=1 (set on many hosts) each one captures a backtrace, doubling policy
+    // evaluation time. Library backtraces stay off unless asked for explicitly; panics
+    // still honour RUST_BACKTRACE. Set before any thread starts.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Sandbox { command } => std::process::exit(sandgate::cli::sandbox(command)?),
         Command::Route { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
             std::process::exit(sandgate::cli::route(command, &config)?)
+        }
+        Command::Policy { command, config } => {
+            let config = Config::load(config.as_deref()).context("invalid configuration")?;
+            let code = policy_command(command, &config.policy.dir)?;
+            std::process::exit(code);
         }
         Command::Serve { config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
@@ -106,6 +158,82 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             Ok(())
+        }
+    }
+}
+
+fn policy_command(command: PolicyCommand, default_dir: &std::path::Path) -> anyhow::Result<i32> {
+    use sandgate::policy::testing::{self, Outcome};
+    match command {
+        PolicyCommand::Check { dir } => {
+            let dir = dir.as_deref().unwrap_or(default_dir);
+            match testing::check(dir) {
+                Ok(files) => {
+                    println!("{} files compile", files.len());
+                    Ok(0)
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    Ok(1)
+                }
+            }
+        }
+        PolicyCommand::Test { dir, run, verbose } => {
+            let dir = dir.as_deref().unwrap_or(default_dir);
+            let report = match testing::run(dir, run.as_deref()) {
+                Ok(report) => report,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return Ok(2);
+                }
+            };
+            for result in &report.results {
+                let line = match &result.outcome {
+                    Outcome::Pass if !verbose => continue,
+                    Outcome::Pass => format!("PASS: {} ({:?})", result.name, result.duration),
+                    Outcome::Fail => format!("FAIL: {} ({})", result.name, result.file),
+                    Outcome::Error(e) => format!("ERROR: {} ({})\n  {e}", result.name, result.file),
+                };
+                println!("{line}");
+            }
+            println!("{} passed, {} failed", report.passed(), report.failed());
+            Ok(if report.failed() == 0 && !report.results.is_empty() {
+                0
+            } else {
+                1
+            })
+        }
+        PolicyCommand::Eval { layer, input, dir } => {
+            let dir = dir.as_deref().unwrap_or(default_dir);
+            let text = if input.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                std::fs::read_to_string(&input)
+                    .with_context(|| format!("reading {}", input.display()))?
+            };
+            let value = regorus::Value::from_json_str(&text).context("the input is not JSON")?;
+            let engine = sandgate::policy::PolicyEngine::load(dir)?;
+            let layer: &'static str = sandgate::policy::LAYERS
+                .iter()
+                .find(|l| **l == layer)
+                .with_context(|| {
+                    format!(
+                        "unknown layer {layer:?}; known: {:?}",
+                        sandgate::policy::LAYERS
+                    )
+                })?;
+            let decision = engine.evaluate(layer, value);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "layer": layer,
+                    "allowed": decision.allowed,
+                    "reasons": decision.reasons,
+                    "action": decision.action,
+                    "eval_us": decision.eval_time.as_micros() as u64,
+                }))?
+            );
+            Ok(if decision.allowed { 0 } else { 1 })
         }
     }
 }

@@ -74,6 +74,15 @@ pub const BUNDLED_POLICIES: &[(&str, &str)] = &[
         "provider_test.rego",
         include_str!("../policies/provider_test.rego"),
     ),
+    (
+        "credential.rego",
+        include_str!("../policies/credential.rego"),
+    ),
+    (
+        "credential_test.rego",
+        include_str!("../policies/credential_test.rego"),
+    ),
+    ("README.md", include_str!("../policies/README.md")),
 ];
 
 pub struct Server {
@@ -268,4 +277,22 @@ fn ensure_policy_dir(dir: &Path) -> Result<(), StartError> {
     }
     tracing::info!(dir = %dir.display(), "policy directory did not exist; wrote the bundled policies");
     Ok(())
+}
+
+#[cfg(test)]
+mod bundled_tests {
+    /// Every file in policies/ ships inside the binary, so a fresh `sandgate serve` gets all
+    /// of them (a file added to the directory but not to the list would silently be missing).
+    #[test]
+    fn every_policy_file_is_bundled() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let bundled = super::BUNDLED_POLICIES.iter().find(|(n, _)| *n == name);
+            let bundled =
+                bundled.unwrap_or_else(|| panic!("policies/{name} is not in BUNDLED_POLICIES"));
+            assert_eq!(bundled.1, std::fs::read_to_string(&path).unwrap());
+        }
+    }
 }

@@ -749,3 +749,85 @@ async fn connections_beyond_the_limit_are_shed_with_503() {
     assert!(answer.contains("x-sandgate-error: overloaded"));
     server.shutdown();
 }
+
+#[tokio::test]
+async fn a_sandbox_listener_attributes_traffic_to_its_sandbox_whatever_header_it_forges() {
+    let (_ca, origin, gw) = setup().await;
+    // sb-2's own listener (the local provider binds one inside each sandbox's namespace).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let sb2 = std::sync::Arc::new(sandgate::identity::Identity::new(
+        "sb-2",
+        "unused-token-xyz",
+        "ws-2",
+        vec!["api.b.test".into()],
+        Default::default(),
+    ));
+    let task = tokio::spawn(sandgate::egress::serve_for(
+        listener,
+        gw.server.egress.clone(),
+        sb2,
+    ));
+    // Forging sb-a's valid credentials does not make it sb-a: api.a.test is not sb-2's.
+    let err = connect_tunnel(
+        addr,
+        &format!("api.a.test:{}", origin.port()),
+        Some(("sb-a", TOKEN)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.0, 403, "{}", err.1);
+    // Its own destination works without any header at all.
+    let mut stream = connect_tunnel(addr, &format!("api.b.test:{}", origin.port()), None)
+        .await
+        .unwrap();
+    stream.write_all(b"").await.unwrap();
+    let tls = tls_over(stream, &gw.sandgate_ca_pem, "api.b.test", &[b"http/1.1"])
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::builder()
+        .uri("/mine")
+        .header("host", format!("api.b.test:{}", origin.port()))
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    assert_eq!(sender.send_request(request).await.unwrap().status(), 200);
+    let records = gw.decisions(2).await;
+    assert!(records
+        .iter()
+        .any(|r| r["sandbox"] == "sb-2" && r["host"] == "api.a.test" && r["decision"] == "deny"));
+    assert!(records
+        .iter()
+        .all(|r| !(r["sandbox"] == "sb-a" && r["host"] == "api.a.test")));
+    task.abort();
+    gw.server.shutdown();
+}
+
+#[tokio::test]
+async fn an_oversized_request_head_is_refused_before_any_policy_or_upstream_work() {
+    init();
+    let origin = start_origin(None).await;
+    let gw = Gateway::start(GatewayOptions::default()).await;
+    let mut stream = tokio::net::TcpStream::connect(gw.server.proxy_addr())
+        .await
+        .unwrap();
+    use base64::Engine as _;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("sb-a:{TOKEN}"));
+    let big = "x".repeat(200 * 1024);
+    let head = format!(
+        "GET http://plain.test:{}/ HTTP/1.1\r\nHost: plain.test:{}\r\nProxy-Authorization: Basic {auth}\r\nX-Big: {big}\r\n\r\n",
+        origin.port(),
+        origin.port()
+    );
+    // The proxy may stop reading midway; a failed write is part of the refusal.
+    let _ = stream.write_all(head.as_bytes()).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert_eq!(origin.count(), 0);
+    gw.server.shutdown();
+}

@@ -12,12 +12,14 @@ use serde_json::json;
 use super::forward::{self, Outcome, Target};
 use super::{reply, tunnel, EgressState, ProxyBody};
 use crate::error::ErrorReply;
+use crate::identity::Identity;
 use crate::net::ResolveError;
 use crate::policy::input::{destination_value, egress_input, Destination};
 
 pub(crate) async fn proxy_request(
     state: Arc<EgressState>,
     peer: SocketAddr,
+    fixed: Option<Arc<Identity>>,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
@@ -25,7 +27,11 @@ pub(crate) async fn proxy_request(
         .headers()
         .get(header::PROXY_AUTHORIZATION)
         .map(|v| v.as_bytes());
-    let Some(identity) = state.identities.authenticate(auth) else {
+    let identity = match fixed {
+        Some(identity) => Some(identity),
+        None => state.identities.authenticate(auth),
+    };
+    let Some(identity) = identity else {
         let host = req.uri().host().unwrap_or("").to_string();
         let port = req.uri().port_u16().unwrap_or(0);
         forward::record_unidentified(&state, &host, port, req.method().as_str(), started);

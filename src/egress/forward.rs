@@ -99,6 +99,15 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
     let latency = started.elapsed();
     metrics::histogram!("sandgate_proxy_decision_seconds", "phase" => outcome.phase)
         .record(latency.as_secs_f64());
+    metrics::counter!(
+        "sandgate_egress_decisions_total",
+        "phase" => outcome.phase,
+        "decision" => outcome.decision
+    )
+    .increment(1);
+    if !state.log.enabled() {
+        return;
+    }
     state.log.record(DecisionRecord {
         ts: now_rfc3339(),
         kind: "egress",
@@ -128,6 +137,15 @@ pub(crate) fn record_unidentified(
     method: &str,
     started: Instant,
 ) {
+    metrics::counter!(
+        "sandgate_egress_decisions_total",
+        "phase" => "identify",
+        "decision" => "deny"
+    )
+    .increment(1);
+    if !state.log.enabled() {
+        return;
+    }
     state.log.record(DecisionRecord {
         ts: now_rfc3339(),
         kind: "egress",

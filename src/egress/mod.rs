@@ -32,7 +32,7 @@ use crate::config::ProxyConfig;
 use crate::credentials::CredentialStore;
 use crate::decision_log::DecisionLog;
 use crate::error::ErrorReply;
-use crate::identity::IdentityRegistry;
+use crate::identity::{Identity, IdentityRegistry};
 use crate::net::{Resolver, VettedDns};
 use crate::policy::PolicyEngine;
 use crate::tls::LeafMinter;
@@ -145,8 +145,21 @@ pub(crate) fn reply(error: &ErrorReply) -> http::Response<ProxyBody> {
         .map(|b| b.map_err(|never| match never {}).boxed())
 }
 
-/// Accepts proxy clients until the task is aborted.
+/// Accepts proxy clients until the task is aborted; each request names its sandbox with
+/// `Proxy-Authorization`.
 pub async fn serve(listener: TcpListener, state: Arc<EgressState>) {
+    accept_loop(listener, state, None).await
+}
+
+/// Serves a listener that belongs to one sandbox (the local provider binds it inside the
+/// sandbox's network namespace, where it is the only reachable address). Every request on
+/// it is attributed to `identity`, whatever credentials it carries: identity comes from the
+/// listener, so a sandbox cannot speak for another by forging a header.
+pub async fn serve_for(listener: TcpListener, state: Arc<EgressState>, identity: Arc<Identity>) {
+    accept_loop(listener, state, Some(identity)).await
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<EgressState>, fixed: Option<Arc<Identity>>) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(conn) => conn,
@@ -164,9 +177,10 @@ pub async fn serve(listener: TcpListener, state: Arc<EgressState>) {
             continue;
         };
         let state = state.clone();
+        let fixed = fixed.clone();
         tokio::spawn(async move {
             metrics::gauge!("sandgate_proxy_connections_active").increment(1.0);
-            serve_client(stream, peer, state).await;
+            serve_client(stream, peer, state, fixed).await;
             metrics::gauge!("sandgate_proxy_connections_active").decrement(1.0);
             drop(permit);
         });
@@ -192,7 +206,12 @@ async fn shed(mut stream: tokio::net::TcpStream) {
     .await;
 }
 
-async fn serve_client(stream: tokio::net::TcpStream, peer: SocketAddr, state: Arc<EgressState>) {
+async fn serve_client(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    state: Arc<EgressState>,
+    fixed: Option<Arc<Identity>>,
+) {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -201,7 +220,10 @@ async fn serve_client(stream: tokio::net::TcpStream, peer: SocketAddr, state: Ar
     let service_state = state.clone();
     let service = hyper::service::service_fn(move |req| {
         let state = service_state.clone();
-        async move { Ok::<_, std::convert::Infallible>(connect::proxy_request(state, peer, req).await) }
+        let fixed = fixed.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(connect::proxy_request(state, peer, fixed, req).await)
+        }
     });
     let conn = builder
         .serve_connection(TokioIo::new(stream), service)

@@ -16,6 +16,7 @@
 //!   so nothing is parsed on the request path.
 
 pub mod input;
+pub mod testing;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -58,6 +59,18 @@ struct Generation {
     fingerprint: Vec<(String, u64, SystemTime)>,
     engine: regorus::Engine,
     present_layers: Vec<&'static str>,
+    /// Bytecode for each layer the RVM compiles: the fast path. A layer the RVM cannot
+    /// compile is evaluated by the interpreter through its wrapper module instead.
+    programs: HashMap<&'static str, Arc<LayerProgram>>,
+    /// `data` for the VMs (the interpreter has it inside its engine).
+    data: Value,
+}
+
+struct LayerProgram {
+    program: Arc<regorus::rvm::program::Program>,
+    allow: String,
+    deny: Option<String>,
+    action: Option<String>,
 }
 
 /// What `/healthz` and the API report about policy.
@@ -92,8 +105,11 @@ impl std::fmt::Debug for PolicyEngine {
 
 static INSTANCES: AtomicU64 = AtomicU64::new(1);
 
+type VmKey = (u64, &'static str);
+
 thread_local! {
     static WORKER_ENGINES: RefCell<HashMap<u64, (u64, regorus::Engine)>> = RefCell::new(HashMap::new());
+    static WORKER_VMS: RefCell<HashMap<VmKey, (u64, regorus::rvm::RegoVM)>> = RefCell::new(HashMap::new());
 }
 
 impl PolicyEngine {
@@ -226,24 +242,15 @@ impl PolicyEngine {
                 eval_time: started.elapsed(),
             };
         }
-        let result = WORKER_ENGINES.with(|cell| {
-            let mut engines = cell.borrow_mut();
-            let slot = engines
-                .entry(self.instance)
-                .or_insert_with(|| (generation.number, generation.engine.clone()));
-            if slot.0 != generation.number {
-                *slot = (generation.number, generation.engine.clone());
-            }
-            let engine = &mut slot.1;
-            engine.set_input(input);
-            engine.eval_rule(format!("data.sandgate_internal.{layer}.decision"))
-        });
+        let result = match generation.programs.get(layer) {
+            Some(program) => self.run_program(&generation, layer, program, input),
+            None => Self::run_interpreter(self.instance, &generation, layer, input),
+        };
         let eval_time = started.elapsed();
         metrics::histogram!("sandgate_policy_eval_seconds", "layer" => layer)
             .record(eval_time.as_secs_f64());
         match result {
-            Ok(value) => {
-                let mut decision = read_decision(&value);
+            Ok(mut decision) => {
                 decision.generation = generation.number;
                 decision.eval_time = eval_time;
                 decision
@@ -261,6 +268,67 @@ impl PolicyEngine {
                 }
             }
         }
+    }
+
+    /// The fast path: the layer's bytecode on this worker's VM.
+    fn run_program(
+        &self,
+        generation: &Generation,
+        layer: &'static str,
+        program: &LayerProgram,
+        input: Value,
+    ) -> anyhow::Result<Decision> {
+        WORKER_VMS.with(|cell| {
+            let mut vms = cell.borrow_mut();
+            let key = (self.instance, layer);
+            let stale = vms
+                .get(&key)
+                .is_none_or(|(number, _)| *number != generation.number);
+            if stale {
+                let mut vm = regorus::rvm::RegoVM::new();
+                vm.load_program(program.program.clone());
+                vm.set_data(generation.data.clone())?;
+                vms.insert(key, (generation.number, vm));
+            }
+            let vm = &mut vms.get_mut(&key).expect("inserted above").1;
+            vm.set_input(input);
+            let allow = vm.execute_entry_point_by_name(&program.allow)?;
+            let deny = match &program.deny {
+                Some(rule) => vm.execute_entry_point_by_name(rule)?,
+                None => Value::Undefined,
+            };
+            let action = match &program.action {
+                Some(rule) => vm.execute_entry_point_by_name(rule)?,
+                None => Value::Undefined,
+            };
+            let mut fields = std::collections::BTreeMap::new();
+            fields.insert(Value::from("allow"), allow);
+            fields.insert(Value::from("deny"), deny);
+            fields.insert(Value::from("action"), action);
+            Ok(read_decision(&Value::from(fields)))
+        })
+    }
+
+    /// The general path: the interpreter evaluating the layer's wrapper rule.
+    fn run_interpreter(
+        instance: u64,
+        generation: &Generation,
+        layer: &'static str,
+        input: Value,
+    ) -> anyhow::Result<Decision> {
+        let value = WORKER_ENGINES.with(|cell| {
+            let mut engines = cell.borrow_mut();
+            let slot = engines
+                .entry(instance)
+                .or_insert_with(|| (generation.number, generation.engine.clone()));
+            if slot.0 != generation.number {
+                *slot = (generation.number, generation.engine.clone());
+            }
+            let engine = &mut slot.1;
+            engine.set_input(input);
+            engine.eval_rule(format!("data.sandgate_internal.{layer}.decision"))
+        })?;
+        Ok(read_decision(&value))
     }
 }
 
@@ -326,12 +394,14 @@ decision := {{"allow": allow, "deny": deny, "action": action}}
 
 struct PolicyFiles {
     rego: Vec<(String, PathBuf)>,
+    tests: Vec<(String, PathBuf)>,
     data: Vec<(Vec<String>, String, PathBuf)>,
 }
 
 fn walk(dir: &Path) -> Result<PolicyFiles, PolicyError> {
     let mut files = PolicyFiles {
         rego: Vec::new(),
+        tests: Vec::new(),
         data: Vec::new(),
     };
     let dir_err = |reason: String| PolicyError::Dir {
@@ -356,7 +426,9 @@ fn walk(dir: &Path) -> Result<PolicyFiles, PolicyError> {
                 .into_owned();
             if path.is_dir() {
                 stack.push(path);
-            } else if name.ends_with(".rego") && !name.ends_with("_test.rego") {
+            } else if name.ends_with("_test.rego") {
+                files.tests.push((rel, path));
+            } else if name.ends_with(".rego") {
                 files.rego.push((rel, path));
             } else if name == "data.json" {
                 let mount: Vec<String> = Path::new(&rel)
@@ -372,6 +444,7 @@ fn walk(dir: &Path) -> Result<PolicyFiles, PolicyError> {
         }
     }
     files.rego.sort();
+    files.tests.sort();
     files.data.sort();
     Ok(files)
 }
@@ -402,7 +475,21 @@ fn fingerprint(dir: &Path) -> Result<Vec<(String, u64, SystemTime)>, PolicyError
 fn build_generation(dir: &Path, number: u64) -> Result<Generation, PolicyError> {
     // Fingerprint first: a file edited while we read it is then seen as changed next time.
     let fingerprint = fingerprint(dir)?;
-    let files = walk(dir)?;
+    let (engine, names) = build_engine(dir, false)?;
+    finish_generation(engine, names, fingerprint, number)
+}
+
+/// Loads the directory's policies and data (and, for `policy test`, the `*_test.rego`
+/// files) into a fresh engine.
+pub(crate) fn build_engine(
+    dir: &Path,
+    include_tests: bool,
+) -> Result<(regorus::Engine, Vec<String>), PolicyError> {
+    let mut files = walk(dir)?;
+    if include_tests {
+        let tests = std::mem::take(&mut files.tests);
+        files.rego.extend(tests);
+    }
     let mut engine = regorus::Engine::new();
     engine.set_rego_v0(false);
     // OPA semantics: a built-in called with the wrong types is undefined, not an error.
@@ -441,6 +528,15 @@ fn build_generation(dir: &Path, number: u64) -> Result<Generation, PolicyError> 
         })?;
         names.push(rel.clone());
     }
+    Ok((engine, names))
+}
+
+fn finish_generation(
+    mut engine: regorus::Engine,
+    names: Vec<String>,
+    fingerprint: Vec<(String, u64, SystemTime)>,
+    number: u64,
+) -> Result<Generation, PolicyError> {
     let packages = engine
         .get_packages()
         .map_err(|e| PolicyError::Compile(e.to_string()))?;
@@ -464,12 +560,56 @@ fn build_generation(dir: &Path, number: u64) -> Result<Generation, PolicyError> 
             .eval_rule(format!("data.sandgate_internal.{layer}.decision"))
             .map_err(|e| PolicyError::Compile(e.to_string()))?;
     }
+    let data = engine.get_data();
+    let mut programs = HashMap::new();
+    for layer in &present_layers {
+        match compile_layer(&mut engine, layer) {
+            Ok(program) => {
+                programs.insert(*layer, Arc::new(program));
+            }
+            Err(e) => tracing::info!(
+                layer,
+                error = %e,
+                "layer evaluated by the interpreter (the bytecode compiler does not support it)"
+            ),
+        }
+    }
     Ok(Generation {
         number,
         files: names,
         fingerprint,
         engine,
         present_layers,
+        programs,
+        data,
+    })
+}
+
+/// Compiles a layer's `allow`, `deny` and `action` rules (those it defines) to bytecode.
+fn compile_layer(engine: &mut regorus::Engine, layer: &str) -> anyhow::Result<LayerProgram> {
+    let allow = format!("data.sandgate.{layer}.allow");
+    let compiled = engine.compile_with_entrypoint(&allow.as_str().into())?;
+    let defined = |rule: &str| {
+        let path = format!("data.sandgate.{layer}.{rule}");
+        compiled.get_rules().contains_key(&path).then_some(path)
+    };
+    if defined("allow").is_none() {
+        anyhow::bail!("layer {layer} defines no allow rule");
+    }
+    let deny = defined("deny");
+    let action = defined("action");
+    let mut entry_points = vec![allow.as_str()];
+    entry_points.extend(deny.as_deref());
+    entry_points.extend(action.as_deref());
+    let program = regorus::languages::rego::compiler::Compiler::compile_from_policy(
+        &compiled,
+        &entry_points,
+    )?;
+    Ok(LayerProgram {
+        program,
+        allow,
+        deny,
+        action,
     })
 }
 
@@ -497,5 +637,58 @@ mod tests {
         assert!(raw.is_ok(), "{raw:?}");
         let decision = engine.evaluate("credential", input);
         assert!(decision.allowed, "{:?}", decision.reasons);
+    }
+}
+
+#[cfg(test)]
+mod bytecode_tests {
+    use super::*;
+
+    fn input(host: &str, method: &str) -> Value {
+        let names = crate::domain::match_names(host);
+        Value::from(serde_json::json!({
+            "phase": "request",
+            "sandbox": {"id": "sb", "workspace": "ws", "labels": {}, "allow_domains": ["api.a.test", "*.wild.test"]},
+            "destination": {"host": host, "port": 443, "ip": null, "scheme": "https", "match_names": names},
+            "request": {"method": method, "path": "/", "headers": {}},
+            "credential": {"name": "x", "workspace": "ws", "user": null,
+                "destinations": [{"host": "api.a.test", "ports": [], "methods": ["GET"], "path_prefix": null}]},
+        }))
+    }
+
+    /// The bytecode path must decide exactly as the interpreter does.
+    #[test]
+    fn bytecode_and_interpreter_agree_on_the_bundled_layers() {
+        let engine =
+            PolicyEngine::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap();
+        let generation = engine.current();
+        for layer in ["egress", "credential"] {
+            let program = generation
+                .programs
+                .get(layer)
+                .unwrap_or_else(|| panic!("layer {layer} was not compiled to bytecode"));
+            for (host, method) in [
+                ("api.a.test", "GET"),
+                ("x.wild.test", "POST"),
+                ("evil.test", "GET"),
+                ("wild.test", "GET"),
+            ] {
+                let fast = engine
+                    .run_program(&generation, layer, program, input(host, method))
+                    .unwrap();
+                let slow = PolicyEngine::run_interpreter(
+                    engine.instance,
+                    &generation,
+                    layer,
+                    input(host, method),
+                )
+                .unwrap();
+                assert_eq!(
+                    (fast.allowed, &fast.reasons, &fast.action),
+                    (slow.allowed, &slow.reasons, &slow.action),
+                    "{layer} {host} {method}"
+                );
+            }
+        }
     }
 }
