@@ -837,6 +837,35 @@ async fn stop_start_limits_and_delete_leave_nothing_behind() {
         assert_eq!(quota.trim(), "50000");
     }
     drop(handle);
+    if caps.memory_limit {
+        // 400 MB held by `tail` (no newline in the input) exceeds the 256 MiB limit.
+        let out = sh(
+            &rt,
+            &id,
+            "head -c 400000000 /dev/zero | tail -n 1 >/dev/null; echo rc=$?",
+        )
+        .await;
+        assert_eq!(text(&out.stdout).trim(), "rc=137", "{}", text(&out.stderr));
+    }
+    if caps.cpu_limit {
+        let mut busy = ExecRequest::new(["sh", "-c", "while :; do :; done"]);
+        busy.timeout = Some(Duration::from_millis(1500));
+        let handle = rt.exec(&id, busy).await.unwrap();
+        let groups = cgroup_dirs(handle.pid());
+        let out = handle.collect().await;
+        assert_eq!(out.exit.unwrap().reason, ExitReason::TimedOut);
+        let cpu = groups
+            .iter()
+            .find(|p| p.to_string_lossy().contains("/cpu"))
+            .expect("cpu group");
+        let stat = std::fs::read_to_string(cpu.join("cpu.stat")).unwrap();
+        let throttled: u64 = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("nr_throttled "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        assert!(throttled > 0, "a busy loop was never throttled: {stat}");
+    }
 
     // stop keeps files and the listener; start brings processes back.
     rt.write_file(&id, "keep.txt", b"kept".to_vec())
