@@ -313,7 +313,12 @@ struct Tools {
     tar: PathBuf,
 }
 
-/// The local sandbox runtime. Cheap to share behind an `Arc`; all methods take `&self`.
+/// The local sandbox runtime. Share it behind an `Arc`; all methods take `&self`.
+///
+/// Dropping the runtime kills every sandbox's processes (their inits are killed and the
+/// PID namespaces go with them) but leaves network namespaces, cgroups and directories:
+/// delete sandboxes first, or call [`LocalRuntime::purge_orphans`] at the next start
+/// (it also cleans up after a crash).
 #[derive(Debug)]
 pub struct LocalRuntime {
     config: RuntimeConfig,
