@@ -15,6 +15,7 @@ pub mod domain;
 pub mod egress;
 pub mod error;
 pub mod identity;
+pub mod localbox;
 pub mod net;
 pub mod policy;
 pub mod providers;
