@@ -52,7 +52,7 @@ pub async fn explain(
             .into_response()
         }
     };
-    let ctx = match state.sandboxes.route_context().await {
+    let ctx = match state.sandboxes.route_context_for(Some(&body.request)).await {
         Ok(ctx) => ctx,
         Err(e) => {
             tracing::error!(error = %e, "route context");

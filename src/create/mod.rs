@@ -110,6 +110,11 @@ pub struct Coordinator {
     deps: CreateDeps,
     /// This coordinator's lease owner id.
     owner: String,
+    /// Recent per-pool samples (the stats window), kept in memory so that routing does not
+    /// scan the samples table on every create; seeded from the store by `restore`.
+    samples: std::sync::Mutex<HashMap<String, PoolWindow>>,
+    /// Creates this process is driving right now (never driven twice at once).
+    active: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// A loaded in-flight create.
@@ -141,6 +146,8 @@ impl Coordinator {
         Arc::new(Coordinator {
             deps,
             owner: format!("coord-{}", random_hex(8)),
+            active: Default::default(),
+            samples: Default::default(),
         })
     }
 
@@ -163,23 +170,38 @@ impl Coordinator {
     /// What routing depends on besides the topology and the request: measured per-pool
     /// latency and success within the window, existing placements, band widths.
     pub async fn route_context(&self) -> Result<RouteContext, StoreError> {
+        self.route_context_for(None).await
+    }
+
+    /// As [`Coordinator::route_context`]; existing placements are read only when the
+    /// request has sandbox affinity, anti-affinity or spread terms that compare against them.
+    pub async fn route_context_for(
+        &self,
+        request: Option<&Request>,
+    ) -> Result<RouteContext, StoreError> {
         let since = now_ms() - self.deps.config.stats_window_secs as i64 * 1000;
-        let samples = self.deps.store.pool_samples(since, 64).await?;
-        let stats: HashMap<String, PoolStats> = samples
-            .into_iter()
-            .map(|(pool, s)| {
-                (
-                    pool,
-                    PoolStats {
-                        startup_latency_ms: s.latencies_ms,
-                        attempts: s.attempts,
-                        successes: s.successes,
-                    },
-                )
-            })
-            .collect();
+        let stats: HashMap<String, PoolStats> = {
+            let mut windows = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+            windows
+                .iter_mut()
+                .map(|(pool, w)| (pool.clone(), w.stats(since, LATENCY_SAMPLES)))
+                .collect()
+        };
         let mut sandboxes = Vec::new();
-        for (labels, placement) in self.deps.store.live_placements().await? {
+        let needs_placements = request.is_none_or(|r| {
+            let t = &r.routing;
+            !t.spread.is_empty()
+                || !t.sandbox_affinity.required.is_empty()
+                || !t.sandbox_affinity.preferred.is_empty()
+                || !t.sandbox_anti_affinity.required.is_empty()
+                || !t.sandbox_anti_affinity.preferred.is_empty()
+        });
+        let placements = if needs_placements {
+            self.deps.store.live_placements().await?
+        } else {
+            Vec::new()
+        };
+        for (labels, placement) in placements {
             let (Ok(labels), Ok(p)) = (
                 serde_json::from_str::<BTreeMap<String, String>>(&labels),
                 serde_json::from_str::<Placement>(&placement),
@@ -286,7 +308,10 @@ impl Coordinator {
         })?;
 
         let request = body.request.clone();
-        let ctx = self.route_context().await.map_err(internal)?;
+        let ctx = self
+            .route_context_for(Some(&request))
+            .await
+            .map_err(internal)?;
         let route = match sandgate_router::route(&self.deps.topology, &request, &ctx) {
             Ok(route) => route,
             Err(no) => return Err(no_eligible_reply(no)),
@@ -671,9 +696,24 @@ impl Coordinator {
 
     /// Runs (or resumes) one create to its end.
     pub async fn drive(self: &Arc<Self>, id: &str) {
-        if let Err(e) = self.drive_inner(id).await {
-            // The lease expires and the create is resumed by the janitor.
+        if !self
+            .active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string())
+        {
+            return;
+        }
+        let result = self.drive_inner(id).await;
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        if let Err(e) = result {
+            // Release the lease (the heartbeat would otherwise keep it alive) so the janitor
+            // resumes the create shortly; attempts left in flight are reconciled first.
             tracing::error!(sandbox = id, error = %e, "create coordinator stopped; it will be resumed");
+            let _ = self.deps.store.release_lease(id, now_ms() + 1000).await;
         }
     }
 
@@ -1327,10 +1367,17 @@ impl Coordinator {
     }
 
     async fn sample(&self, pool: &str, success: bool, latency_ms: Option<f64>) {
+        let at = now_ms();
+        self.samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(pool.to_string())
+            .or_default()
+            .push(at, success, latency_ms);
         if let Err(e) = self
             .deps
             .store
-            .record_sample(pool, now_ms(), success, latency_ms)
+            .record_sample(pool, at, success, latency_ms)
             .await
         {
             tracing::warn!(pool, error = %e, "could not record a routing sample");
@@ -1341,6 +1388,14 @@ impl Coordinator {
 
     /// At start-up: register the identities of running sandboxes again.
     pub async fn restore(&self) -> Result<usize, StoreError> {
+        let since = now_ms() - self.deps.config.stats_window_secs as i64 * 1000;
+        let rows = self.deps.store.samples_since(since).await?;
+        {
+            let mut windows = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+            for (pool, at, success, latency) in rows {
+                windows.entry(pool).or_default().push(at, success, latency);
+            }
+        }
         let rows = self.deps.store.running_sandboxes().await?;
         for row in &rows {
             self.register_identity(row).await;
@@ -1448,6 +1503,53 @@ impl Coordinator {
             .store
             .delete_samples_before(now - self.deps.config.stats_window_secs as i64 * 1000)
             .await;
+    }
+}
+
+/// Latency samples per pool the router takes its median over.
+const LATENCY_SAMPLES: usize = 64;
+/// Samples kept per pool at most, whatever the window.
+const MAX_SAMPLES_PER_POOL: usize = 100_000;
+
+/// One pool's samples in the stats window, with a running success count.
+#[derive(Default)]
+struct PoolWindow {
+    samples: std::collections::VecDeque<(i64, bool, Option<f64>)>,
+    successes: u64,
+}
+
+impl PoolWindow {
+    fn push(&mut self, at: i64, success: bool, latency: Option<f64>) {
+        self.samples.push_back((at, success, latency));
+        self.successes += success as u64;
+        if self.samples.len() > MAX_SAMPLES_PER_POOL {
+            self.pop();
+        }
+    }
+
+    fn pop(&mut self) {
+        if let Some((_, success, _)) = self.samples.pop_front() {
+            self.successes -= success as u64;
+        }
+    }
+
+    fn stats(&mut self, since: i64, latencies: usize) -> PoolStats {
+        while self.samples.front().is_some_and(|s| s.0 < since) {
+            self.pop();
+        }
+        let startup_latency_ms = self
+            .samples
+            .iter()
+            .rev()
+            .filter(|s| s.1)
+            .filter_map(|s| s.2)
+            .take(latencies)
+            .collect();
+        PoolStats {
+            startup_latency_ms,
+            attempts: self.samples.len() as u64,
+            successes: self.successes,
+        }
     }
 }
 

@@ -377,34 +377,79 @@ impl Store {
         Ok(())
     }
 
-    /// Samples since `since_ms`, newest first, at most `max_latencies` latencies per pool.
+    /// Per-pool statistics since `since_ms`: attempt and success counts, and the latencies of
+    /// the newest `max_latencies` successful attempts. Aggregated in SQL, so the cost does
+    /// not grow with the number of sandboxes in Rust.
     pub async fn pool_samples(
         &self,
         since_ms: i64,
         max_latencies: usize,
     ) -> Result<HashMap<String, PoolSamples>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT pool, success, latency_ms FROM pool_samples WHERE at_ms >= ?1 ORDER BY at_ms DESC",
+        let counts = sqlx::query(
+            "SELECT pool, COUNT(*) AS attempts, SUM(success) AS successes FROM pool_samples
+             WHERE at_ms >= ?1 GROUP BY pool",
         )
         .bind(since_ms)
         .fetch_all(self.sqlite_pool())
         .await?;
         let mut out: HashMap<String, PoolSamples> = HashMap::new();
-        for r in rows {
-            let s = out.entry(r.get("pool")).or_default();
-            s.attempts += 1;
-            let success: i64 = r.get("success");
-            if success != 0 {
-                s.successes += 1;
-                let latency: Option<f64> = r.get("latency_ms");
-                if let Some(l) = latency {
-                    if s.latencies_ms.len() < max_latencies {
-                        s.latencies_ms.push(l);
-                    }
-                }
-            }
+        for r in counts {
+            let attempts: i64 = r.get("attempts");
+            let successes: i64 = r.get("successes");
+            out.insert(
+                r.get("pool"),
+                PoolSamples {
+                    latencies_ms: Vec::new(),
+                    attempts: attempts as u64,
+                    successes: successes as u64,
+                },
+            );
+        }
+        let latencies = sqlx::query(
+            "SELECT pool, latency_ms FROM (
+               SELECT pool, latency_ms,
+                 ROW_NUMBER() OVER (PARTITION BY pool ORDER BY at_ms DESC, id DESC) AS rn
+               FROM pool_samples
+               WHERE at_ms >= ?1 AND success = 1 AND latency_ms IS NOT NULL)
+             WHERE rn <= ?2",
+        )
+        .bind(since_ms)
+        .bind(max_latencies as i64)
+        .fetch_all(self.sqlite_pool())
+        .await?;
+        for r in latencies {
+            let pool: String = r.get("pool");
+            let latency: f64 = r.get("latency_ms");
+            out.entry(pool).or_default().latencies_ms.push(latency);
         }
         Ok(out)
+    }
+
+    /// Raw samples since `since_ms`, oldest first: (pool, at_ms, success, latency_ms). Read
+    /// once at start-up to seed the coordinator's in-memory window.
+    pub async fn samples_since(
+        &self,
+        since_ms: i64,
+    ) -> Result<Vec<(String, i64, bool, Option<f64>)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT pool, at_ms, success, latency_ms FROM pool_samples WHERE at_ms >= ?1
+             ORDER BY at_ms, id",
+        )
+        .bind(since_ms)
+        .fetch_all(self.sqlite_pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let success: i64 = r.get("success");
+                (
+                    r.get("pool"),
+                    r.get("at_ms"),
+                    success != 0,
+                    r.get("latency_ms"),
+                )
+            })
+            .collect())
     }
 
     pub async fn delete_samples_before(&self, before_ms: i64) -> Result<(), StoreError> {
@@ -520,6 +565,17 @@ impl Store {
         .bind(lease_expires_ms)
         .execute(self.sqlite_pool())
         .await?;
+        Ok(())
+    }
+
+    /// Gives up this coordinator's lease on a create so that it is resumed (by the janitor
+    /// of any coordinator) from `retry_at_ms` on.
+    pub async fn release_lease(&self, id: &str, retry_at_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET lease_owner = NULL, lease_expires_ms = ?2 WHERE id = ?1")
+            .bind(id)
+            .bind(retry_at_ms)
+            .execute(self.sqlite_pool())
+            .await?;
         Ok(())
     }
 
