@@ -557,6 +557,57 @@ async fn slow_placement_answers_202_and_continues_in_the_background() {
 }
 
 #[tokio::test]
+async fn deleting_an_in_flight_create_leaves_no_instance_behind() {
+    init();
+    let env = Env {
+        gw: Gateway::start(GatewayOptions {
+            extra_toml: config(
+                "[simulated.pool-a]\nlatency_ms = { min = 600, max = 600 }\n",
+                "",
+            )
+            .replace("short_wait_ms = 3000", "short_wait_ms = 50"),
+            ..GatewayOptions::default()
+        })
+        .await,
+        http: reqwest::Client::new(),
+    };
+    let (status, body) = env.create(json!({}), None).await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let token = body["egress"]["token"].as_str().unwrap().to_string();
+    let resp = env
+        .http
+        .delete(env.gw.api(&format!("/v1/sandboxes/{id}")))
+        .bearer_auth(TOKEN_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // The provider finishes starting the instance after the delete; the coordinator must
+    // not place the sandbox on it, and must delete it.
+    for _ in 0..60 {
+        if env.sim("pool-a").deleted().len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(env.sim("pool-a").deleted().len(), 1);
+    assert_eq!(env.live("pool-a"), 0);
+    let (_, after) = env.get(&id).await;
+    assert_eq!(after["state"], "deleted");
+    assert!(after["placement"].is_null(), "{after}");
+    let (status, _) = connect_tunnel(
+        env.gw.server.proxy_addr(),
+        "api.a.test:443",
+        Some((&id, &token)),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(status, 407);
+}
+
+#[tokio::test]
 async fn fifty_concurrent_identical_creates_make_one_sandbox() {
     let env = start("[simulated.pool-a]\nlatency_ms = { min = 200, max = 200 }\n").await;
     let env = std::sync::Arc::new(env);

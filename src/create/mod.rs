@@ -750,19 +750,20 @@ impl Coordinator {
                 Step::Advance => {}
             }
         }
-        let tried: Vec<String> = self
-            .deps
-            .store
-            .list_attempts(id)
-            .await?
-            .into_iter()
-            .map(|a| a.pool)
-            .collect();
-        for cand in job.candidates.iter().filter(|c| !tried.contains(&c.pool)) {
-            let still = self.deps.store.get_sandbox(id).await?;
-            if !still.is_some_and(|r| IN_FLIGHT_STATES.contains(&r.state.as_str())) {
-                return Ok(()); // deleted meanwhile
+        let tried: Vec<&str> = attempts.iter().map(|a| a.pool.as_str()).collect();
+        let mut first = true;
+        for cand in job
+            .candidates
+            .iter()
+            .filter(|c| !tried.contains(&c.pool.as_str()))
+        {
+            if !first {
+                let still = self.deps.store.get_sandbox(id).await?;
+                if !still.is_some_and(|r| IN_FLIGHT_STATES.contains(&r.state.as_str())) {
+                    return Ok(()); // deleted meanwhile
+                }
             }
+            first = false;
             seq += 1;
             match self.try_pool(&job, cand, seq).await? {
                 Step::Placed => return Ok(()),
@@ -997,18 +998,22 @@ impl Coordinator {
         };
 
         // (b) attempt, retrying retryable failures within the provisioning window.
-        let attempt = self.start_attempt(job, cand, seq, "in_flight").await?;
-        self.deps
-            .store
-            .transition_sandbox(
-                &job.row.id,
-                &["pending"],
-                "provisioning",
-                None,
-                None,
-                now_ms(),
-            )
-            .await?;
+        let attempt = AttemptRow {
+            id: format!("{}-a{seq}", job.row.id),
+            sandbox_id: job.row.id.clone(),
+            seq,
+            pool: cand.pool.clone(),
+            provider: cand.provider.clone(),
+            account: cand.account.clone(),
+            state: "in_flight".into(),
+            outcome: None,
+            error_class: None,
+            message: None,
+            instance_id: None,
+            started_ms: now_ms(),
+            finished_ms: None,
+        };
+        self.deps.store.start_attempt(&attempt, now_ms()).await?;
         let deadline = attempt.started_ms + self.deps.config.provisioning_window_ms as i64;
         let backoff = self.deps.config.retry_backoff_ms as i64;
         let result = loop {
@@ -1261,23 +1266,41 @@ impl Coordinator {
             .await;
             return Ok(Step::Advance);
         }
-        let latency = (now_ms() - attempt.started_ms) as f64;
-        self.deps
+        let now = now_ms();
+        let latency = (now - attempt.started_ms) as f64;
+        self.samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(cand.pool.clone())
+            .or_default()
+            .push(now, true, Some(latency));
+        let placed = self
+            .deps
             .store
-            .finish_attempt(
-                &attempt.id,
-                &AttemptEnd {
-                    state: "succeeded",
-                    outcome: "success",
-                    error_class: None,
-                    message: None,
-                    instance_id: Some(instance_id),
-                    finished_ms: now_ms(),
-                },
-            )
+            .succeed_and_place(&crate::store::sandboxes::Success {
+                attempt_id: &attempt.id,
+                sandbox_id: &job.row.id,
+                instance_id,
+                pool: &cand.pool,
+                latency_ms: latency,
+                placement_json: &placement_json(cand, instance_id),
+                now_ms: now,
+            })
             .await?;
-        self.sample(&cand.pool, true, Some(latency)).await;
-        self.place(job, cand, attempt, instance_id).await?;
+        if placed {
+            self.register_identity(&job.row).await;
+        } else {
+            // Deleted while it was being created: the instance must not outlive it.
+            self.destroy(
+                &job.row.id,
+                &cand.pool,
+                &cand.account,
+                &attempt.id,
+                instance_id,
+                "deleted_while_creating",
+            )
+            .await;
+        }
         Ok(Step::Placed)
     }
 
@@ -1288,15 +1311,7 @@ impl Coordinator {
         attempt: &AttemptRow,
         instance_id: &str,
     ) -> Result<(), StoreError> {
-        let placement = Placement {
-            pool: cand.pool.clone(),
-            provider: cand.provider.clone(),
-            account: cand.account.clone(),
-            region: cand.region.clone(),
-            zone: cand.zone.clone(),
-            instance_id: instance_id.to_string(),
-        };
-        let placement_json = serde_json::to_string(&placement).unwrap_or_default();
+        let placement_json = placement_json(cand, instance_id);
         let placed = self
             .deps
             .store
@@ -1504,6 +1519,18 @@ impl Coordinator {
             .delete_samples_before(now - self.deps.config.stats_window_secs as i64 * 1000)
             .await;
     }
+}
+
+fn placement_json(cand: &StoredCandidate, instance_id: &str) -> String {
+    serde_json::to_string(&Placement {
+        pool: cand.pool.clone(),
+        provider: cand.provider.clone(),
+        account: cand.account.clone(),
+        region: cand.region.clone(),
+        zone: cand.zone.clone(),
+        instance_id: instance_id.to_string(),
+    })
+    .unwrap_or_default()
 }
 
 /// Latency samples per pool the router takes its median over.

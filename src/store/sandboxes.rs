@@ -55,6 +55,18 @@ pub struct AttemptEnd<'a> {
     pub finished_ms: i64,
 }
 
+/// A successful attempt and the placement it makes.
+#[derive(Debug, Clone, Copy)]
+pub struct Success<'a> {
+    pub attempt_id: &'a str,
+    pub sandbox_id: &'a str,
+    pub instance_id: &'a str,
+    pub pool: &'a str,
+    pub latency_ms: f64,
+    pub placement_json: &'a str,
+    pub now_ms: i64,
+}
+
 #[derive(Debug, Clone)]
 pub struct AbandonedRow {
     pub attempt_id: String,
@@ -319,6 +331,83 @@ impl Store {
         .execute(self.sqlite_pool())
         .await?;
         Ok(())
+    }
+
+    /// Records a new attempt and moves the sandbox from `pending` to `provisioning`, in one
+    /// transaction.
+    pub async fn start_attempt(&self, a: &AttemptRow, now_ms: i64) -> Result<(), StoreError> {
+        let mut tx = self.sqlite_pool().begin().await?;
+        sqlx::query(
+            "INSERT INTO attempts (id, sandbox_id, seq, pool, provider, account, state, outcome,
+               error_class, message, instance_id, started_ms, finished_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, NULL, NULL, NULL, ?8, NULL)",
+        )
+        .bind(&a.id)
+        .bind(&a.sandbox_id)
+        .bind(a.seq)
+        .bind(&a.pool)
+        .bind(&a.provider)
+        .bind(&a.account)
+        .bind(&a.state)
+        .bind(a.started_ms)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE sandboxes SET state = 'provisioning', updated_ms = ?2
+             WHERE id = ?1 AND state = 'pending'",
+        )
+        .bind(&a.sandbox_id)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Ends a successful attempt, records its sample and places the sandbox, in one
+    /// transaction. Returns false (placement not recorded) when the sandbox is no longer in
+    /// flight, e.g. it was deleted meanwhile.
+    pub async fn succeed_and_place(&self, s: &Success<'_>) -> Result<bool, StoreError> {
+        let Success {
+            attempt_id,
+            sandbox_id,
+            instance_id,
+            pool,
+            latency_ms,
+            placement_json,
+            now_ms,
+        } = *s;
+        let mut tx = self.sqlite_pool().begin().await?;
+        sqlx::query(
+            "UPDATE attempts SET state = 'succeeded', outcome = 'success', error_class = NULL,
+               message = NULL, instance_id = ?2, finished_ms = ?3 WHERE id = ?1",
+        )
+        .bind(attempt_id)
+        .bind(instance_id)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO pool_samples (pool, at_ms, success, latency_ms) VALUES (?1, ?2, 1, ?3)",
+        )
+        .bind(pool)
+        .bind(now_ms)
+        .bind(latency_ms)
+        .execute(&mut *tx)
+        .await?;
+        let placed = sqlx::query(
+            "UPDATE sandboxes SET state = 'running', placement_json = ?2, updated_ms = ?3
+             WHERE id = ?1 AND state IN ('pending', 'provisioning', 'reconciling')",
+        )
+        .bind(sandbox_id)
+        .bind(placement_json)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            > 0;
+        tx.commit().await?;
+        Ok(placed)
     }
 
     pub async fn set_attempt_state(&self, id: &str, state: &str) -> Result<(), StoreError> {
