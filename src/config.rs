@@ -303,6 +303,8 @@ pub struct PolicyConfig {
     pub dir: PathBuf,
     /// How often the directory is checked for changes, in milliseconds (0 disables reload).
     pub reload_interval_ms: u64,
+    /// `bytecode` (regorus's VM, the fast default) or `interpreter` (the reference).
+    pub evaluator: crate::policy::Evaluator,
 }
 
 impl Default for PolicyConfig {
@@ -310,6 +312,7 @@ impl Default for PolicyConfig {
         PolicyConfig {
             dir: PathBuf::from("policies"),
             reload_interval_ms: 1000,
+            evaluator: crate::policy::Evaluator::Bytecode,
         }
     }
 }
@@ -574,6 +577,13 @@ mod tests {
         assert_eq!(c.api.listen.to_string(), "127.0.0.1:7070");
         assert_eq!(c.tls.ca_dir, PathBuf::from("certs"));
         assert_eq!(c.policy.dir, PathBuf::from("policies"));
+    }
+
+    #[test]
+    fn the_documented_example_config_is_valid() {
+        let text = include_str!("../deploy/sandgate.example.toml");
+        let c = Config::from_toml(text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.egress.identities[0].id, "ci-runner-1");
     }
 
     #[test]

@@ -114,7 +114,10 @@ impl Server {
         let ca = Arc::new(ca);
 
         ensure_policy_dir(&config.policy.dir)?;
-        let policy = Arc::new(PolicyEngine::load(&config.policy.dir)?);
+        let policy = Arc::new(PolicyEngine::load_with(
+            &config.policy.dir,
+            config.policy.evaluator,
+        )?);
         tracing::info!(dir = %config.policy.dir.display(), files = ?policy.status().files, "policy loaded");
         let store = Store::open_sqlite(&config.store.path).await?;
         let master_key = Arc::new(MasterKey::load(&config.secrets.master_key_file)?);
