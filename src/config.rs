@@ -96,6 +96,10 @@ pub struct CreateConfig {
     pub startup_latency_band_ms: f64,
     /// Creation-success band width for ranking, as a share (0.05 = 5 points).
     pub creation_success_band: f64,
+    /// Each workspace's Auto order: the providers (names from `[[providers]]`, or
+    /// `"standby"`) its automatic creates try, in this order; a provider it omits is not
+    /// used. A create's own `routing.order` overrides it.
+    pub workspace_order: BTreeMap<String, Vec<String>>,
 }
 
 impl Default for CreateConfig {
@@ -112,6 +116,7 @@ impl Default for CreateConfig {
             lease_ttl_ms: 15_000,
             startup_latency_band_ms: 250.0,
             creation_success_band: 0.05,
+            workspace_order: BTreeMap::new(),
         }
     }
 }
@@ -539,6 +544,16 @@ impl Config {
             })?;
         }
         let c = &self.create;
+        for (workspace, order) in &c.workspace_order {
+            for (i, name) in order.iter().enumerate() {
+                if name != "standby" && topology.provider(name).is_none() {
+                    return Err(ConfigError::invalid(
+                        format!("create.workspace_order.{workspace}[{i}]"),
+                        format!("no provider {name:?} in [[providers]]"),
+                    ));
+                }
+            }
+        }
         if c.lease_ttl_ms < 100 {
             return Err(ConfigError::invalid(
                 "create.lease_ttl_ms",

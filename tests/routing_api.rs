@@ -296,3 +296,66 @@ async fn sandbox_cli_creates_gets_lists_and_deletes_through_the_api() {
     assert_eq!(missing["error"]["code"], "not_found");
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+/// Seed 001: "The explicit-order interface also supports a workspace Auto order, a per-create
+/// override and a named provider. [...] A provider omitted from that order is not used."
+#[tokio::test]
+async fn workspace_auto_order_limits_providers_and_a_create_can_override_it() {
+    init();
+    let gw = Gateway::start(GatewayOptions {
+        extra_toml: format!(
+            r#"[[api.tokens]]
+token = "{TOKEN_A}"
+principal = "alice"
+workspace = "ws-a"
+[create.workspace_order]
+ws-a = ["sim-b"]
+[[providers]]
+name = "sim-a"
+kind = "simulated"
+[[providers]]
+name = "sim-b"
+kind = "simulated"
+[[accounts]]
+name = "acct-a"
+provider = "sim-a"
+[[accounts]]
+name = "acct-b"
+provider = "sim-b"
+[[pools]]
+name = "pool-a"
+provider = "sim-a"
+account = "acct-a"
+price = 1.0
+[[pools]]
+name = "pool-b"
+provider = "sim-b"
+account = "acct-b"
+price = 3.0
+"#
+        ),
+        ..GatewayOptions::default()
+    })
+    .await;
+    // ws-a's Auto order names only sim-b: the cheaper sim-a pool is not used.
+    let (status, e) = explain(&gw, json!({"routing": {"priorities": ["price"]}})).await;
+    assert_eq!(status, 200, "{e}");
+    assert_eq!(order(&e), ["pool-b"]);
+    // A per-create order overrides the workspace's.
+    let (status, e) = explain(&gw, json!({"routing": {"order": ["sim-a", "sim-b"]}})).await;
+    assert_eq!(status, 200, "{e}");
+    assert_eq!(order(&e), ["pool-a", "pool-b"]);
+    // And a create follows the workspace order too.
+    let (status, created) = create(&gw, json!({"routing": {"priorities": ["price"]}})).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["placement"]["pool"], "pool-b", "{created}");
+    gw.server.shutdown();
+}
+
+#[test]
+fn a_workspace_order_naming_an_unknown_provider_is_a_config_error() {
+    let err = sandgate::config::Config::from_toml("[create.workspace_order]\nws = [\"nope\"]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("create.workspace_order.ws[0]"), "{err}");
+}

@@ -37,7 +37,7 @@ pub fn routes() -> Router<ApiState> {
 )]
 pub async fn explain(
     State(state): State<ApiState>,
-    Caller(_caller): Caller,
+    Caller(caller): Caller,
     JsonBody(body): JsonBody<Value>,
 ) -> Response {
     let body = match CreateBody::parse(body) {
@@ -52,7 +52,11 @@ pub async fn explain(
             .into_response()
         }
     };
-    let ctx = match state.sandboxes.route_context_for(Some(&body.request)).await {
+    let ctx = match state
+        .sandboxes
+        .route_context_for(Some(&body.request), Some(&caller.workspace))
+        .await
+    {
         Ok(ctx) => ctx,
         Err(e) => {
             tracing::error!(error = %e, "route context");

@@ -170,7 +170,7 @@ impl Coordinator {
     /// What routing depends on besides the topology and the request: measured per-pool
     /// latency and success within the window, existing placements, band widths.
     pub async fn route_context(&self) -> Result<RouteContext, StoreError> {
-        self.route_context_for(None).await
+        self.route_context_for(None, None).await
     }
 
     /// As [`Coordinator::route_context`]; existing placements are read only when the
@@ -178,6 +178,7 @@ impl Coordinator {
     pub async fn route_context_for(
         &self,
         request: Option<&Request>,
+        workspace: Option<&str>,
     ) -> Result<RouteContext, StoreError> {
         let since = now_ms() - self.deps.config.stats_window_secs as i64 * 1000;
         let stats: HashMap<String, PoolStats> = {
@@ -218,7 +219,8 @@ impl Coordinator {
         Ok(RouteContext {
             stats,
             sandboxes,
-            workspace_order: None,
+            workspace_order: workspace
+                .and_then(|w| self.deps.config.workspace_order.get(w).cloned()),
             free_capacity: HashMap::new(),
             bands: Bands {
                 price: 0.0,
@@ -309,7 +311,7 @@ impl Coordinator {
 
         let request = body.request.clone();
         let ctx = self
-            .route_context_for(Some(&request))
+            .route_context_for(Some(&request), Some(&workspace))
             .await
             .map_err(internal)?;
         let route = match sandgate_router::route(&self.deps.topology, &request, &ctx) {
