@@ -246,14 +246,14 @@ async fn metadata_address_is_refused_even_when_policy_allows_the_name() {
 #[tokio::test]
 async fn host_header_not_matching_the_tunnel_is_misdirected() {
     let (_ca, origin, gw) = setup().await;
-    let stream = connect_tunnel(
-        gw.server.proxy_addr(),
-        &format!("api.a.test:{}", origin.port()),
-        Some(("sb-a", TOKEN)),
-    )
-    .await
-    .unwrap();
-    let tls = tls_over(stream, &gw.sandgate_ca_pem, "api.a.test", &[b"http/1.1"])
+    let tls = gw
+        .tls_tunnel(
+            "sb-a",
+            "api.a.test",
+            origin.port(),
+            "api.a.test",
+            &[b"http/1.1"],
+        )
         .await
         .unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
@@ -283,14 +283,8 @@ async fn host_header_not_matching_the_tunnel_is_misdirected() {
     assert_eq!(origin.last().unwrap().path, "/ok");
 
     // h2: :authority must match too.
-    let stream = connect_tunnel(
-        gw.server.proxy_addr(),
-        &format!("api.a.test:{}", origin.port()),
-        Some(("sb-a", TOKEN)),
-    )
-    .await
-    .unwrap();
-    let tls = tls_over(stream, &gw.sandgate_ca_pem, "api.a.test", &[b"h2"])
+    let tls = gw
+        .tls_tunnel("sb-a", "api.a.test", origin.port(), "api.a.test", &[b"h2"])
         .await
         .unwrap();
     let (mut sender, conn) =
@@ -349,14 +343,14 @@ async fn trace_is_refused() {
 #[tokio::test]
 async fn websocket_echo_through_the_proxy() {
     let (_ca, origin, gw) = setup().await;
-    let stream = connect_tunnel(
-        gw.server.proxy_addr(),
-        &format!("api.a.test:{}", origin.port()),
-        Some(("sb-a", TOKEN)),
-    )
-    .await
-    .unwrap();
-    let tls = tls_over(stream, &gw.sandgate_ca_pem, "api.a.test", &[b"http/1.1"])
+    let tls = gw
+        .tls_tunnel(
+            "sb-a",
+            "api.a.test",
+            origin.port(),
+            "api.a.test",
+            &[b"http/1.1"],
+        )
         .await
         .unwrap();
     let (mut ws, response) =
@@ -382,14 +376,8 @@ async fn websocket_echo_through_the_proxy() {
 #[tokio::test]
 async fn grpc_style_h2_request_keeps_trailers_both_ways() {
     let (_ca, origin, gw) = setup().await;
-    let stream = connect_tunnel(
-        gw.server.proxy_addr(),
-        &format!("api.a.test:{}", origin.port()),
-        Some(("sb-a", TOKEN)),
-    )
-    .await
-    .unwrap();
-    let tls = tls_over(stream, &gw.sandgate_ca_pem, "api.a.test", &[b"h2"])
+    let tls = gw
+        .tls_tunnel("sb-a", "api.a.test", origin.port(), "api.a.test", &[b"h2"])
         .await
         .unwrap();
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
@@ -670,14 +658,14 @@ async fn leaf_certificates_are_minted_per_host_signed_by_the_ca_and_cached() {
     let (_ca, origin, gw) = setup().await;
     let mut leaves = Vec::new();
     for _ in 0..2 {
-        let stream = connect_tunnel(
-            gw.server.proxy_addr(),
-            &format!("api.a.test:{}", origin.port()),
-            Some(("sb-a", TOKEN)),
-        )
-        .await
-        .unwrap();
-        let tls = tls_over(stream, &gw.sandgate_ca_pem, "api.a.test", &[b"http/1.1"])
+        let tls = gw
+            .tls_tunnel(
+                "sb-a",
+                "api.a.test",
+                origin.port(),
+                "api.a.test",
+                &[b"http/1.1"],
+            )
             .await
             .unwrap();
         let chain: Vec<Vec<u8>> = tls
@@ -702,14 +690,14 @@ async fn leaf_certificates_are_minted_per_host_signed_by_the_ca_and_cached() {
     assert_eq!(leaves[0][1], ca_der.to_vec());
     assert_ne!(leaves[0][0], ca_der.to_vec(), "the CA is never the leaf");
     let other = {
-        let stream = connect_tunnel(
-            gw.server.proxy_addr(),
-            &format!("x.wild.test:{}", origin.port()),
-            Some(("sb-a", TOKEN)),
-        )
-        .await
-        .unwrap();
-        let tls = tls_over(stream, &gw.sandgate_ca_pem, "x.wild.test", &[b"http/1.1"])
+        let tls = gw
+            .tls_tunnel(
+                "sb-a",
+                "x.wild.test",
+                origin.port(),
+                "x.wild.test",
+                &[b"http/1.1"],
+            )
             .await
             .unwrap();
         tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()

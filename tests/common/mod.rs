@@ -446,6 +446,28 @@ impl Gateway {
         panic!("fewer than {min} decision records were written");
     }
 
+    /// A CONNECT tunnel to `host:port` as sandbox `id`, then TLS with `sni` and `alpn`,
+    /// trusting only the gateway's CA.
+    pub async fn tls_tunnel(
+        &self,
+        id: &str,
+        host: &str,
+        port: u16,
+        sni: &str,
+        alpn: &[&[u8]],
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let stream = connect_tunnel(
+            self.server.proxy_addr(),
+            &format!("{host}:{port}"),
+            Some((id, TOKEN)),
+        )
+        .await
+        .map_err(|(status, text)| {
+            std::io::Error::other(format!("CONNECT refused ({status}): {text}"))
+        })?;
+        tls_over(stream, &self.sandgate_ca_pem, sni, alpn).await
+    }
+
     pub fn api(&self, path: &str) -> String {
         format!("http://{}{path}", self.server.api_addr())
     }
