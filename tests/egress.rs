@@ -819,3 +819,30 @@ async fn an_oversized_request_head_is_refused_before_any_policy_or_upstream_work
     assert_eq!(origin.count(), 0);
     gw.server.shutdown();
 }
+
+#[tokio::test]
+async fn unreachable_or_unresolvable_upstreams_are_reported_with_their_codes() {
+    init();
+    let gw = Gateway::start(GatewayOptions {
+        identities: vec![IdentitySpec::new(
+            "sb-a",
+            "ws-a",
+            vec!["plain.test", "nowhere.invalid"],
+        )],
+        ..Default::default()
+    })
+    .await;
+    let client = reqwest::Client::builder()
+        .proxy(reqwest::Proxy::http(gw.proxy_url("sb-a", TOKEN)).unwrap())
+        .build()
+        .unwrap();
+    // Nothing listens on port 9 of the (exempt) loopback address.
+    let response = client.get("http://plain.test:9/").send().await.unwrap();
+    assert_eq!(response.status(), 502);
+    assert_eq!(response.headers()["x-sandgate-error"], "upstream_failed");
+    // `.invalid` never resolves (RFC 6761).
+    let response = client.get("http://nowhere.invalid/").send().await.unwrap();
+    assert_eq!(response.status(), 502);
+    assert_eq!(response.headers()["x-sandgate-error"], "dns_failed");
+    gw.server.shutdown();
+}
