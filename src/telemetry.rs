@@ -13,8 +13,11 @@ pub fn init_logging(config: &LogConfig) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    // Colour only for a person at a terminal; log files and collectors get plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = if config.format == "json" {
         builder.json().flatten_event(true).try_init()
