@@ -359,3 +359,53 @@ fn a_workspace_order_naming_an_unknown_provider_is_a_config_error() {
         .to_string();
     assert!(err.contains("create.workspace_order.ws[0]"), "{err}");
 }
+
+/// Seed 001: "Capacity and a deterministic name order resolve remaining ties." Free capacity
+/// is the pool's configured capacity minus the sandboxes living on it now.
+#[tokio::test]
+async fn live_sandboxes_reduce_free_capacity_in_the_tie_break() {
+    init();
+    let gw = Gateway::start(GatewayOptions {
+        extra_toml: format!(
+            r#"[[api.tokens]]
+token = "{TOKEN_A}"
+principal = "alice"
+workspace = "ws-a"
+[[providers]]
+name = "sim"
+kind = "simulated"
+[[accounts]]
+name = "acct"
+provider = "sim"
+[[pools]]
+name = "pool-a"
+provider = "sim"
+account = "acct"
+capacity = 2
+[[pools]]
+name = "pool-b"
+provider = "sim"
+account = "acct"
+capacity = 2
+"#
+        ),
+        ..GatewayOptions::default()
+    })
+    .await;
+    let (_, e) = explain(&gw, json!({})).await;
+    assert_eq!(
+        order(&e),
+        ["pool-a", "pool-b"],
+        "equal free capacity: name order"
+    );
+    let (status, created) = create(&gw, json!({})).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["placement"]["pool"], "pool-a");
+    let (_, e) = explain(&gw, json!({})).await;
+    assert_eq!(
+        order(&e),
+        ["pool-b", "pool-a"],
+        "pool-a now has less free capacity: {e}"
+    );
+    gw.server.shutdown();
+}

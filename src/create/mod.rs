@@ -216,12 +216,25 @@ impl Coordinator {
                 zone: p.zone,
             });
         }
+        // Free capacity = configured capacity minus the sandboxes living on the pool now.
+        let live = self.deps.store.live_counts_by_pool().await?;
+        let free_capacity: HashMap<String, u64> = self
+            .deps
+            .topology
+            .pools()
+            .iter()
+            .filter_map(|pool| {
+                let capacity = pool.capacity?;
+                let used = live.get(pool.name.as_ref()).copied().unwrap_or(0);
+                Some((pool.name.to_string(), capacity.saturating_sub(used)))
+            })
+            .collect();
         Ok(RouteContext {
             stats,
             sandboxes,
             workspace_order: workspace
                 .and_then(|w| self.deps.config.workspace_order.get(w).cloned()),
-            free_capacity: HashMap::new(),
+            free_capacity,
             bands: Bands {
                 price: 0.0,
                 startup_latency_ms: self.deps.config.startup_latency_band_ms,

@@ -563,6 +563,26 @@ impl Store {
             .collect())
     }
 
+    /// Live sandboxes (placed and not yet deleted) per pool: what occupies each pool's
+    /// capacity now.
+    pub async fn live_counts_by_pool(&self) -> Result<HashMap<String, u64>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT json_extract(placement_json, '$.pool') AS pool, COUNT(*) AS n FROM sandboxes
+             WHERE state IN ('running', 'paused') AND placement_json IS NOT NULL
+             GROUP BY pool",
+        )
+        .fetch_all(self.sqlite_pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| {
+                let pool: Option<String> = r.get("pool");
+                let n: i64 = r.get("n");
+                pool.map(|p| (p, n.max(0) as u64))
+            })
+            .collect())
+    }
+
     /// Tracks an attempt whose instance may exist or appear later, against its own account.
     pub async fn record_abandoned(
         &self,
