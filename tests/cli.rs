@@ -417,6 +417,14 @@ apply = {{ type = "basic", username = "bot" }}
             .any(|l| l.contains("\"credentials\":[\"file\",\"env\"]")),
         "{stdout:?}"
     );
+    // Diagnostics carry the sandbox, workspace and request id of the request they are about.
+    assert!(
+        stderr.iter().any(|l| l.contains("egress decision")
+            && l.contains("sandbox=sb-a")
+            && l.contains("workspace=ws-a")
+            && l.contains("request_id=")),
+        "{stderr:?}"
+    );
     use base64::Engine as _;
     let basic = base64::engine::general_purpose::STANDARD.encode(format!("bot:{env_secret}"));
     for secret in [

@@ -8,6 +8,7 @@ use std::time::Instant;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
+use tracing::Instrument;
 
 use super::forward::{self, Outcome, Target};
 use super::{reply, tunnel, EgressState, ProxyBody};
@@ -48,6 +49,23 @@ pub(crate) async fn proxy_request(
         return response;
     };
 
+    let span = tracing::info_span!(
+        "egress",
+        sandbox = %identity.id,
+        workspace = %identity.workspace,
+        request_id = %super::next_request_id(),
+    );
+    dispatch(state, identity, req, started)
+        .instrument(span)
+        .await
+}
+
+async fn dispatch(
+    state: Arc<EgressState>,
+    identity: Arc<Identity>,
+    req: Request<Incoming>,
+    started: Instant,
+) -> Response<ProxyBody> {
     if req.method() == Method::CONNECT {
         let Some((host, port)) = req.uri().authority().and_then(|a| split_authority(a, 443)) else {
             return reply(&ErrorReply::new(
@@ -144,12 +162,16 @@ async fn connect(
 
     let on_upgrade = hyper::upgrade::on(&mut req);
     let action = decision.action;
-    tokio::spawn(async move {
-        match on_upgrade.await {
-            Ok(upgraded) => tunnel::run(state, target, ips, action, upgraded).await,
-            Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
+    // The tunnel keeps the CONNECT's span (sandbox, workspace, request id).
+    tokio::spawn(
+        async move {
+            match on_upgrade.await {
+                Ok(upgraded) => tunnel::run(state, target, ips, action, upgraded).await,
+                Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
+            }
         }
-    });
+        .instrument(tracing::Span::current()),
+    );
     Response::new(super::full(bytes::Bytes::new()))
 }
 

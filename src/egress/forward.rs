@@ -105,6 +105,15 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
         "decision" => outcome.decision
     )
     .increment(1);
+    // Inside the request's span, so diagnostics carry sandbox, workspace and request id.
+    tracing::debug!(
+        phase = outcome.phase,
+        host = %target.host,
+        port = target.port,
+        decision = outcome.decision,
+        code = outcome.code.unwrap_or(""),
+        "egress decision"
+    );
     if !state.log.enabled() {
         return;
     }

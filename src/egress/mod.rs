@@ -133,6 +133,24 @@ fn upstream_client(
         .build(https)
 }
 
+/// A process-unique id for one proxied request or tunnel, carried by its tracing span:
+/// a random per-process prefix (so restarts do not reuse ids) and a counter.
+pub(crate) fn next_request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PREFIX: OnceLock<u32> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(1);
+    let prefix = PREFIX.get_or_init(|| {
+        let mut bytes = [0u8; 4];
+        crate::tls::ca::rand_bytes(&mut bytes);
+        u32::from_be_bytes(bytes)
+    });
+    format!(
+        "{prefix:08x}{:08x}",
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 pub(crate) fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())
         .map_err(|never| match never {})

@@ -11,6 +11,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio_rustls::LazyConfigAcceptor;
+use tracing::Instrument;
 
 use super::forward::{self, Outcome, Target};
 use super::io::PrefixedIo;
@@ -183,11 +184,14 @@ async fn serve_http<T>(
         let state = state.clone();
         let target = target.clone();
         let ips = ips.clone();
+        // Each request inside the tunnel gets its own id, nested under the tunnel's span.
+        let span = tracing::debug_span!("request", request_id = %super::next_request_id());
         async move {
             Ok::<_, std::convert::Infallible>(
                 forward::handle(state, target, scheme, Some(ips), req).await,
             )
         }
+        .instrument(span)
     });
     if let Err(e) = builder
         .serve_connection_with_upgrades(TokioIo::new(io), service)
