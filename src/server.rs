@@ -82,6 +82,16 @@ pub const BUNDLED_POLICIES: &[(&str, &str)] = &[
         "credential_test.rego",
         include_str!("../policies/credential_test.rego"),
     ),
+    ("lifecycle.rego", include_str!("../policies/lifecycle.rego")),
+    (
+        "lifecycle_test.rego",
+        include_str!("../policies/lifecycle_test.rego"),
+    ),
+    ("action.rego", include_str!("../policies/action.rego")),
+    (
+        "action_test.rego",
+        include_str!("../policies/action_test.rego"),
+    ),
     ("README.md", include_str!("../policies/README.md")),
 ];
 

@@ -28,7 +28,14 @@ use std::time::{Duration, Instant, SystemTime};
 use regorus::Value;
 
 /// The layers sandgate knows; each has its package `sandgate.<layer>`.
-pub const LAYERS: &[&str] = &["egress", "credential", "creation", "provider"];
+pub const LAYERS: &[&str] = &[
+    "egress",
+    "credential",
+    "creation",
+    "provider",
+    "lifecycle",
+    "action",
+];
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PolicyError {

@@ -1,0 +1,38 @@
+# Bundled action policy (layer `sandgate.action`): may this principal perform this operation
+# inside this sandbox? Evaluated for every exec, file read/write/list/delete/mkdir, port and
+# credential use, with the caller's authority at that moment.
+#
+# - A principal acts on sandboxes of its own workspace; a platform `admin` on any.
+# - A workspace may forbid operations with data at
+#   `data.sandgate.workspaces[<ws>].blocked_operations` (e.g. ["files.write"]).
+# - Commands can be refused by program name with
+#   `data.sandgate.workspaces[<ws>].blocked_programs` (matched against argv[0]'s basename).
+#
+# Input reference: policies/README.md ("Layers `sandgate.lifecycle` and `sandgate.action`").
+package sandgate.action
+
+import rego.v1
+
+default allow := false
+
+allow if input.principal.workspace == input.workspace
+
+allow if "admin" in input.principal.roles
+
+deny contains msg if {
+	input.principal.workspace != input.workspace
+	not "admin" in input.principal.roles
+	msg := sprintf("principal %s may not act on sandboxes of workspace %s", [input.principal.principal, input.workspace])
+}
+
+deny contains msg if {
+	input.operation in object.get(data.sandgate.workspaces, [input.workspace, "blocked_operations"], [])
+	msg := sprintf("operation %s is blocked in workspace %s", [input.operation, input.workspace])
+}
+
+deny contains msg if {
+	input.operation == "exec"
+	program := regex.replace(input.exec.argv[0], `^.*/`, "")
+	program in object.get(data.sandgate.workspaces, [input.workspace, "blocked_programs"], [])
+	msg := sprintf("program %s is blocked in workspace %s", [program, input.workspace])
+}

@@ -1,0 +1,42 @@
+package sandgate.action_test
+
+import rego.v1
+
+import data.sandgate.action
+
+act(principal_ws, roles, ws, operation) := {
+	"operation": operation,
+	"principal": {"principal": "alice", "workspace": principal_ws, "roles": roles},
+	"workspace": ws,
+	"sandbox": {"id": "sb-1", "workspace": ws, "labels": {}, "state": "running", "pool": "local"},
+	"exec": {"argv": ["/usr/bin/curl", "-s", "https://example.com"], "cwd": "/home/user"},
+}
+
+test_own_workspace_exec_allowed if {
+	action.allow with input as act("ws-a", [], "ws-a", "exec")
+	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "exec")
+}
+
+test_other_workspace_denied if {
+	not action.allow with input as act("ws-b", [], "ws-a", "files.read")
+	count(action.deny) == 1 with input as act("ws-b", [], "ws-a", "files.read")
+}
+
+test_admin_any_workspace if {
+	action.allow with input as act("ops", ["admin"], "ws-a", "files.write")
+	count(action.deny) == 0 with input as act("ops", ["admin"], "ws-a", "files.write")
+}
+
+test_blocked_operation_denied_even_for_own_workspace if {
+	count(action.deny) == 1 with input as act("ws-a", [], "ws-a", "files.write")
+		with data.sandgate.workspaces as {"ws-a": {"blocked_operations": ["files.write"]}}
+	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "files.read")
+		with data.sandgate.workspaces as {"ws-a": {"blocked_operations": ["files.write"]}}
+}
+
+test_blocked_program_denied if {
+	count(action.deny) == 1 with input as act("ws-a", [], "ws-a", "exec")
+		with data.sandgate.workspaces as {"ws-a": {"blocked_programs": ["curl"]}}
+	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "exec")
+		with data.sandgate.workspaces as {"ws-a": {"blocked_programs": ["wget"]}}
+}
