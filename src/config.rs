@@ -64,6 +64,50 @@ pub struct Config {
     pub simulated: BTreeMap<String, crate::providers::simulated::SimulatedPoolConfig>,
     /// Sandbox creation: response wait, idempotency, janitor, routing statistics.
     pub create: CreateConfig,
+    /// The `kind = "local"` provider: namespaced sandboxes on this machine.
+    pub local: LocalConfig,
+}
+
+/// `[local]`: settings of the local provider (every pool whose provider kind is `local`).
+/// With no `[[providers]]`, `[[accounts]]` and `[[pools]]` at all, sandgate runs one local
+/// pool named `local` (provider `local`, account `local`): the embedded default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalConfig {
+    /// Directory holding each sandbox's directory (its root file system). Created mode 0700.
+    pub dir: PathBuf,
+    /// Directory holding snapshots (tar files), outside `dir`.
+    pub snapshot_dir: PathBuf,
+    /// Port of the proxy listener inside each sandbox's network namespace; the sandbox's
+    /// `HTTP_PROXY` is `http://127.0.0.1:<proxy_port>`.
+    pub proxy_port: u16,
+    /// User and group the sandbox's processes run as.
+    pub uid: u32,
+    pub gid: u32,
+    /// Extra host directories bound read-only into every sandbox at the same path.
+    pub extra_ro_binds: Vec<PathBuf>,
+    /// Network namespaces are named `<netns_prefix><instance id>` (see `ip netns list`).
+    pub netns_prefix: String,
+    /// Name of the cgroup (under sandgate's own) holding the sandboxes' cgroups.
+    pub cgroup: String,
+    /// Capacity of the default `local` pool (ignored when pools are configured).
+    pub capacity: u64,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            dir: PathBuf::from("data/sandboxes"),
+            snapshot_dir: PathBuf::from("data/snapshots"),
+            proxy_port: 3128,
+            uid: 65534,
+            gid: 65534,
+            extra_ro_binds: Vec::new(),
+            netns_prefix: "sg-".into(),
+            cgroup: "sandgate".into(),
+            capacity: 16,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -509,12 +553,53 @@ impl Config {
 
 impl Config {
     /// The router's part of the file.
+    /// With no providers, accounts or pools configured, one local pool (`local`).
     pub fn router_config(&self) -> sandgate_router::RouterConfig {
+        if self.uses_default_topology() {
+            return sandgate_router::RouterConfig {
+                providers: vec![sandgate_router::ProviderConfig {
+                    name: "local".into(),
+                    kind: Some(sandgate_router::ProviderKind::Local),
+                    capabilities: None,
+                }],
+                accounts: vec![sandgate_router::AccountConfig {
+                    name: "local".into(),
+                    provider: "local".into(),
+                    credential: None,
+                    billing: Default::default(),
+                    labels: BTreeMap::new(),
+                }],
+                pools: vec![sandgate_router::PoolConfig {
+                    name: "local".into(),
+                    provider: "local".into(),
+                    account: "local".into(),
+                    geography: None,
+                    region: None,
+                    zone: None,
+                    isolation: None,
+                    resources: Default::default(),
+                    sources: None,
+                    features: None,
+                    labels: BTreeMap::new(),
+                    vpc: None,
+                    price: None,
+                    capacity: Some(self.local.capacity),
+                    egress: None,
+                    standby: false,
+                }],
+            };
+        }
         sandgate_router::RouterConfig {
             providers: self.providers.clone(),
             accounts: self.accounts.clone(),
             pools: self.pools.clone(),
         }
+    }
+
+    /// Whether the topology is the embedded default (no `[[providers]]`, `[[accounts]]` or
+    /// `[[pools]]` in the file).
+    pub fn uses_default_topology(&self) -> bool {
+        self.providers.is_empty() && self.accounts.is_empty() && self.pools.is_empty()
     }
 
     fn validate_routing(&self) -> Result<(), ConfigError> {

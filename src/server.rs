@@ -47,6 +47,8 @@ pub enum StartError {
     Routing(String),
     #[error(transparent)]
     Simulated(#[from] crate::providers::simulated::SimulatedError),
+    #[error("local provider: {0}")]
+    Local(String),
     #[error("decision log: {0}")]
     DecisionLog(std::io::Error),
     #[error("writing the bundled policies to {dir}: {source}")]
@@ -190,15 +192,60 @@ impl Server {
             proxy_listener,
             egress.clone(),
         )));
+        let mut router_config = config.router_config();
+        let local = start_local_runtime(&config, &router_config);
+        if let (Ok(runtime), true) = (&local, config.uses_default_topology()) {
+            // The default pool declares only the resources this machine can enforce.
+            let caps = runtime.capabilities();
+            let resources = &mut router_config.pools[0].resources;
+            if caps.cpu_limit {
+                resources.cpu = std::thread::available_parallelism()
+                    .ok()
+                    .map(|n| n.get() as f64);
+            }
+            if caps.memory_limit {
+                resources.memory_mb = host_memory_mb();
+            }
+        }
         let topology = Arc::new(
-            config
-                .router_config()
+            router_config
                 .compile()
                 .map_err(|e| StartError::Routing(e.to_string()))?,
         );
-        let providers = Arc::new(crate::providers::ProviderRegistry::from_config(
-            &config, &topology,
-        )?);
+        let mut providers = crate::providers::ProviderRegistry::from_config(&config, &topology)?;
+        let local_pools: Vec<String> = topology
+            .pools()
+            .iter()
+            .filter(|p| {
+                topology.providers()[p.provider].kind == sandgate_router::ProviderKind::Local
+            })
+            .map(|p| p.name.to_string())
+            .collect();
+        if !local_pools.is_empty() {
+            let adapter: Arc<dyn crate::providers::Provider> = match local {
+                Ok(runtime) => {
+                    let ca_pem = std::fs::read(&ca_cert_path)
+                        .map_err(|e| StartError::Local(e.to_string()))?;
+                    let provider = crate::providers::local::LocalProvider::new(
+                        runtime,
+                        egress.clone(),
+                        ca_pem,
+                        &config.local,
+                    )
+                    .await
+                    .map_err(|e| StartError::Local(e.to_string()))?;
+                    Arc::new(provider)
+                }
+                Err(reason) => {
+                    tracing::warn!(pools = ?local_pools, %reason, "local sandboxes are unavailable; creates on local pools will fail");
+                    Arc::new(crate::providers::local::UnavailableLocal { reason })
+                }
+            };
+            for pool in &local_pools {
+                providers.insert(pool, adapter.clone());
+            }
+        }
+        let providers = Arc::new(providers);
         let sandboxes = crate::create::Coordinator::new(crate::create::CreateDeps {
             store: store.clone(),
             topology,
@@ -227,6 +274,7 @@ impl Server {
             proxy_addr,
             ca_cert_path: ca_cert_path.clone(),
             sandboxes: sandboxes.clone(),
+            execs: Default::default(),
         });
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(api_listener, app).await {
@@ -268,6 +316,31 @@ impl Server {
             task.abort();
         }
     }
+}
+
+/// The local sandbox runtime when a pool needs it; the reason it cannot run otherwise.
+fn start_local_runtime(
+    config: &Config,
+    router: &sandgate_router::RouterConfig,
+) -> Result<Arc<crate::localbox::LocalRuntime>, String> {
+    let wanted = router.providers.iter().any(|p| {
+        p.kind
+            .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
+            == Some(sandgate_router::ProviderKind::Local)
+    });
+    if !wanted {
+        return Err("no pool uses it".into());
+    }
+    crate::localbox::LocalRuntime::new(crate::providers::local::runtime_config(&config.local))
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
+}
+
+fn host_memory_mb() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024)
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {

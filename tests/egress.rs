@@ -744,18 +744,27 @@ async fn a_sandbox_listener_attributes_traffic_to_its_sandbox_whatever_header_it
     // sb-2's own listener (the local provider binds one inside each sandbox's namespace).
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let sb2 = std::sync::Arc::new(sandgate::identity::Identity::new(
-        "sb-2",
-        "unused-token-xyz",
-        "ws-2",
-        vec!["api.b.test".into()],
-        Default::default(),
-    ));
     let task = tokio::spawn(sandgate::egress::serve_for(
         listener,
         gw.server.egress.clone(),
-        sb2,
+        std::sync::Arc::from("sb-2"),
     ));
+    // Before its identity is registered, the listener lets nothing out.
+    let err = connect_tunnel(addr, &format!("api.b.test:{}", origin.port()), None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.0, 403, "{}", err.1);
+    assert!(err.1.contains("sandbox_inactive"), "{}", err.1);
+    gw.server
+        .egress
+        .identities
+        .register(sandgate::identity::Identity::new(
+            "sb-2",
+            "unused-token-xyz",
+            "ws-2",
+            vec!["api.b.test".into()],
+            Default::default(),
+        ));
     // Forging sb-a's valid credentials does not make it sb-a: api.a.test is not sb-2's.
     let err = connect_tunnel(
         addr,
@@ -790,6 +799,12 @@ async fn a_sandbox_listener_attributes_traffic_to_its_sandbox_whatever_header_it
     assert!(records
         .iter()
         .all(|r| !(r["sandbox"] == "sb-a" && r["host"] == "api.a.test")));
+    // Revoking the identity (as deleting the sandbox does) cuts the listener off at once.
+    gw.server.egress.identities.revoke("sb-2");
+    let err = connect_tunnel(addr, &format!("api.b.test:{}", origin.port()), None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.0, 403, "{}", err.1);
     task.abort();
     gw.server.shutdown();
 }

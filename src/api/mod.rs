@@ -6,6 +6,7 @@ pub mod body;
 pub mod credentials;
 pub mod identities;
 pub mod routes;
+pub mod sandbox_ops;
 pub mod sandboxes;
 
 use std::sync::Arc;
@@ -34,6 +35,8 @@ pub struct ApiState {
     pub ca_cert_path: std::path::PathBuf,
     /// Sandbox creation (coordinator, store, router topology).
     pub sandboxes: Arc<crate::create::Coordinator>,
+    /// Running execs, for cancellation by id.
+    pub execs: Arc<sandbox_ops::ExecRegistry>,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -43,6 +46,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(credentials::routes())
         .merge(identities::routes())
         .merge(sandboxes::routes())
+        .merge(sandbox_ops::routes())
         .merge(routes::routes())
         .fallback(not_found)
         .with_state(state)

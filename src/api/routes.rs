@@ -83,8 +83,22 @@ pub async fn explain(
         super::sandboxes::read,
         super::sandboxes::list,
         super::sandboxes::remove,
+        super::sandbox_ops::exec,
+        super::sandbox_ops::cancel,
+        super::sandbox_ops::read_file,
+        super::sandbox_ops::write_file,
+        super::sandbox_ops::list_dir,
+        super::sandbox_ops::remove_path,
+        super::sandbox_ops::mkdir,
+        super::sandbox_ops::stop,
+        super::sandbox_ops::start,
+        super::sandbox_ops::pause,
+        super::sandbox_ops::resume,
+        super::sandbox_ops::snapshot,
+        super::sandbox_ops::delete_snapshot,
         explain,
     ),
+    components(schemas(super::sandbox_ops::ExecBody)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;

@@ -197,9 +197,24 @@ pub async fn remove(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    match state.sandboxes.view(&id).await {
-        Ok(Some(view)) if caller.may_manage(view["workspace"].as_str().unwrap_or_default()) => {}
-        Ok(_) => return not_found(&id),
+    // Any state may be deleted (a failed create included); policy still decides.
+    const ANY: &[&str] = &[
+        "pending",
+        "provisioning",
+        "reconciling",
+        "running",
+        "paused",
+        "stopped",
+        "failed",
+        "deleted",
+    ];
+    let authorized =
+        super::sandbox_ops::authorize(&state, &caller, &id, "lifecycle", "delete", json!({}), ANY)
+            .await;
+    match authorized {
+        Ok(_) => {}
+        // Not yet placed: no adapter, nothing to ask the provider; deleting is still allowed.
+        Err(e) if e.code == "unsupported" => {}
         Err(e) => return e.into_response(),
     }
     match state.sandboxes.delete(&id).await {

@@ -19,6 +19,7 @@ pub const FIELDS: &[&str] = &[
     "regions",
     "labels",
     "routing",
+    "snapshot",
 ];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -29,6 +30,10 @@ pub struct CreateBody {
     /// Names of the workspace's credentials to bind to the sandbox's egress identity.
     #[serde(default)]
     pub credentials: Vec<String>,
+    /// A snapshot of this workspace to restore (its files) into the new sandbox; the
+    /// sandbox is placed on the pool that holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
     #[serde(flatten)]
     pub request: Request,
 }
@@ -121,6 +126,9 @@ struct CreateBodyExtras {
     #[serde(default)]
     #[allow(dead_code)]
     credentials: Vec<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    snapshot: Option<String>,
 }
 
 fn sort_keys(v: serde_json::Value) -> serde_json::Value {

@@ -55,7 +55,7 @@ pub fn now_ms() -> i64 {
     crate::providers::simulated::now_ms()
 }
 
-fn random_hex(bytes: usize) -> String {
+pub fn random_hex(bytes: usize) -> String {
     use ring::rand::SecureRandom;
     let mut buf = vec![0u8; bytes];
     ring::rand::SystemRandom::new()
@@ -81,6 +81,13 @@ struct StoredPrincipal {
     principal: String,
     workspace: String,
     roles: Vec<String>,
+}
+
+/// A stored sandbox, its placement, and the adapter of its pool.
+pub struct Located {
+    pub row: SandboxRow,
+    pub placement: Option<Placement>,
+    pub adapter: Option<Arc<dyn crate::providers::Provider>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -331,9 +338,18 @@ impl Coordinator {
             Ok(route) => route,
             Err(no) => return Err(no_eligible_reply(no)),
         };
+        let snapshot_pool = match &body.snapshot {
+            Some(snapshot) => Some(self.snapshot_pool(snapshot, &workspace).await?),
+            None => None,
+        };
         let candidates: Vec<StoredCandidate> = route
             .candidates
             .iter()
+            .filter(|c| {
+                snapshot_pool
+                    .as_deref()
+                    .is_none_or(|p| p == c.pool.as_ref())
+            })
             .map(|c| StoredCandidate {
                 pool: c.pool.to_string(),
                 provider: c.provider.to_string(),
@@ -343,6 +359,14 @@ impl Coordinator {
                 baseline: c.baseline,
             })
             .collect();
+        if let (Some(pool), true) = (&snapshot_pool, candidates.is_empty()) {
+            return Err(ErrorReply::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "no_eligible_pool",
+                format!("the snapshot is held by pool {pool}, which does not satisfy this request"),
+            )
+            .with_details(json!({"field": "snapshot", "pool": pool})));
+        }
 
         let token = random_hex(24);
         let sealed = self
@@ -396,6 +420,26 @@ impl Coordinator {
         let wait = Duration::from_millis(self.deps.config.short_wait_ms);
         let _ = tokio::time::timeout(wait, &mut handle).await;
         self.respond(&id, Some(&token)).await
+    }
+
+    /// The pool holding a snapshot of this workspace (the same answer for "absent" and
+    /// "another workspace's", so ids of other workspaces stay private).
+    async fn snapshot_pool(&self, snapshot: &str, workspace: &str) -> Result<String, ErrorReply> {
+        match self
+            .deps
+            .store
+            .get_snapshot(snapshot)
+            .await
+            .map_err(internal)?
+        {
+            Some(row) if row.workspace == workspace => Ok(row.pool),
+            _ => Err(ErrorReply::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("`snapshot`: no snapshot {snapshot:?} in workspace {workspace:?}"),
+            )
+            .with_details(json!({"field": "snapshot"}))),
+        }
     }
 
     /// Same key: the same sandbox, when the body is the same too.
@@ -1040,6 +1084,8 @@ impl Coordinator {
                 pool: cand.pool.clone(),
                 account: cand.account.clone(),
                 request: job.request.clone(),
+                env: self.placeholder_env(&job.row.id, &job.row.workspace, &job.body),
+                snapshot: job.body.snapshot.clone(),
             };
             match adapter.create(spec).await {
                 Err(e) if e.class.retryable() && now_ms() + backoff < deadline => {
@@ -1356,6 +1402,31 @@ impl Coordinator {
         Ok(())
     }
 
+    /// The placeholder variable of each bound credential that declares one: what the
+    /// sandbox's processes see instead of the secret.
+    fn placeholder_env(
+        &self,
+        sandbox_id: &str,
+        workspace: &str,
+        body: &CreateBody,
+    ) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        for name in &body.credentials {
+            let Some(credential) = self.deps.credentials.get(workspace, name) else {
+                continue;
+            };
+            if let Some(var) = &credential.meta.placeholder_env {
+                let placeholder = self
+                    .deps
+                    .credentials
+                    .key()
+                    .placeholder(sandbox_id, workspace, name);
+                env.insert(var.clone(), placeholder);
+            }
+        }
+        env
+    }
+
     /// Registers the sandbox's egress identity with the proxy, exactly as static identities
     /// are: its allow-list and its bound credentials.
     async fn register_identity(&self, row: &SandboxRow) {
@@ -1427,10 +1498,78 @@ impl Coordinator {
             }
         }
         let rows = self.deps.store.running_sandboxes().await?;
+        let mut restored = 0;
         for row in &rows {
+            if self.instance_lost(row).await {
+                let error = ErrorReply::new(
+                    StatusCode::GONE,
+                    "instance_lost",
+                    "the sandbox's instance no longer exists at its provider (local sandboxes do not survive a gateway restart)",
+                );
+                let error_json = serde_json::to_string(&error.body()).unwrap_or_default();
+                self.deps
+                    .store
+                    .transition_sandbox(
+                        &row.id,
+                        &["running", "paused", "stopped"],
+                        "failed",
+                        None,
+                        Some(&error_json),
+                        now_ms(),
+                    )
+                    .await?;
+                tracing::warn!(sandbox = %row.id, "sandbox instance lost; marked failed");
+                continue;
+            }
             self.register_identity(row).await;
+            restored += 1;
         }
-        Ok(rows.len())
+        Ok(restored)
+    }
+
+    /// Whether the provider positively says the placed instance is gone (an error or no
+    /// adapter proves nothing: the sandbox is kept).
+    async fn instance_lost(&self, row: &SandboxRow) -> bool {
+        let Some(placement) = row
+            .placement_json
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<Placement>(p).ok())
+        else {
+            return false;
+        };
+        let Some(adapter) = self.deps.providers.for_pool(&placement.pool) else {
+            return false;
+        };
+        matches!(adapter.get(&placement.instance_id).await, Ok(None))
+    }
+
+    /// A sandbox with where it runs and the adapter that runs it (for operations on it).
+    pub async fn locate(&self, id: &str) -> Result<Option<Located>, ErrorReply> {
+        let Some(row) = self.deps.store.get_sandbox(id).await.map_err(internal)? else {
+            return Ok(None);
+        };
+        let placement = row
+            .placement_json
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<Placement>(p).ok());
+        let adapter = placement
+            .as_ref()
+            .and_then(|p| self.deps.providers.for_pool(&p.pool));
+        Ok(Some(Located {
+            row,
+            placement,
+            adapter,
+        }))
+    }
+
+    /// Records a lifecycle state change made by the API (`from` guards against races
+    /// with delete).
+    pub async fn set_state(&self, id: &str, from: &[&str], to: &str) -> Result<bool, ErrorReply> {
+        self.deps
+            .store
+            .transition_sandbox(id, from, to, None, None, now_ms())
+            .await
+            .map_err(internal)
     }
 
     /// Starts the lease heartbeat and the janitor; the janitor's first pass runs at once so

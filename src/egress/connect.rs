@@ -20,7 +20,7 @@ use crate::policy::input::{destination_value, egress_input, Destination};
 pub(crate) async fn proxy_request(
     state: Arc<EgressState>,
     peer: SocketAddr,
-    fixed: Option<Arc<Identity>>,
+    fixed: Option<Arc<str>>,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
@@ -28,11 +28,21 @@ pub(crate) async fn proxy_request(
         .headers()
         .get(header::PROXY_AUTHORIZATION)
         .map(|v| v.as_bytes());
-    let identity = match fixed {
-        Some(identity) => Some(identity),
+    let identity = match &fixed {
+        Some(id) => state.identities.get(id),
         None => state.identities.authenticate(auth),
     };
     let Some(identity) = identity else {
+        if let Some(id) = &fixed {
+            // The sandbox's own listener, but its identity is gone (deleted) or not yet
+            // registered: nothing goes out, and no credentials would help.
+            tracing::debug!(%peer, sandbox = %id, "sandbox listener without an active identity");
+            return reply(&ErrorReply::new(
+                StatusCode::FORBIDDEN,
+                "sandbox_inactive",
+                format!("sandbox {id} has no active egress identity (deleted, or not running yet)"),
+            ));
+        }
         let host = req.uri().host().unwrap_or("").to_string();
         let port = req.uri().port_u16().unwrap_or(0);
         forward::record_unidentified(&state, &host, port, req.method().as_str(), started);

@@ -32,7 +32,7 @@ use crate::config::ProxyConfig;
 use crate::credentials::CredentialStore;
 use crate::decision_log::DecisionLog;
 use crate::error::ErrorReply;
-use crate::identity::{Identity, IdentityRegistry};
+use crate::identity::IdentityRegistry;
 use crate::net::{Resolver, VettedDns};
 use crate::policy::PolicyEngine;
 use crate::tls::LeafMinter;
@@ -171,13 +171,15 @@ pub async fn serve(listener: TcpListener, state: Arc<EgressState>) {
 
 /// Serves a listener that belongs to one sandbox (the local provider binds it inside the
 /// sandbox's network namespace, where it is the only reachable address). Every request on
-/// it is attributed to `identity`, whatever credentials it carries: identity comes from the
-/// listener, so a sandbox cannot speak for another by forging a header.
-pub async fn serve_for(listener: TcpListener, state: Arc<EgressState>, identity: Arc<Identity>) {
-    accept_loop(listener, state, Some(identity)).await
+/// it is attributed to the identity registered as `identity_id`, whatever credentials it
+/// carries: identity comes from the listener, so a sandbox cannot speak for another by
+/// forging a header. The identity is looked up per request, so a sandbox not (yet or any
+/// longer) registered gets nothing through, and deleting it revokes its egress at once.
+pub async fn serve_for(listener: TcpListener, state: Arc<EgressState>, identity_id: Arc<str>) {
+    accept_loop(listener, state, Some(identity_id)).await
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<EgressState>, fixed: Option<Arc<Identity>>) {
+async fn accept_loop(listener: TcpListener, state: Arc<EgressState>, fixed: Option<Arc<str>>) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(conn) => conn,
@@ -228,7 +230,7 @@ async fn serve_client(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     state: Arc<EgressState>,
-    fixed: Option<Arc<Identity>>,
+    fixed: Option<Arc<str>>,
 ) {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder

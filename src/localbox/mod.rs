@@ -315,10 +315,10 @@ struct Tools {
 
 /// The local sandbox runtime. Share it behind an `Arc`; all methods take `&self`.
 ///
-/// Dropping the runtime kills every sandbox's processes (their inits are killed and the
-/// PID namespaces go with them) but leaves network namespaces, cgroups and directories:
-/// delete sandboxes first, or call [`LocalRuntime::purge_orphans`] at the next start
-/// (it also cleans up after a crash).
+/// Dropping the runtime deletes every sandbox it manages (processes, cgroups, network
+/// namespaces, directories), blocking until done: sandboxes do not outlive the gateway
+/// that runs them. After a crash, [`LocalRuntime::purge_orphans`] at the next start
+/// removes what was left.
 #[derive(Debug)]
 pub struct LocalRuntime {
     config: RuntimeConfig,
@@ -365,6 +365,36 @@ struct Init {
     child: tokio::process::Child,
     /// PID 1 of the sandbox, as seen from the host.
     pid1: u32,
+}
+
+impl Drop for LocalRuntime {
+    fn drop(&mut self) {
+        let sandboxes: Vec<Arc<Sandbox>> = self.map().drain().map(|(_, s)| s).collect();
+        if sandboxes.is_empty() {
+            return;
+        }
+        // Teardown is async (it waits for processes to go); run it on a private runtime in
+        // a scoped thread, which works whether or not the caller is inside a runtime.
+        let this = &*self;
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    return;
+                };
+                rt.block_on(async {
+                    for sandbox in sandboxes {
+                        let mut life = sandbox.life.lock().await;
+                        if let Err(e) = this.teardown(&sandbox, &mut life).await {
+                            tracing::warn!(sandbox = %sandbox.id, error = %e, "localbox: teardown at shutdown failed; the next start purges it");
+                        }
+                    }
+                });
+            });
+        });
+    }
 }
 
 impl LocalRuntime {
@@ -1110,7 +1140,14 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
         if let Some(mut init) = life.init.take() {
             cgroup::signal(init.pid1, libc::SIGKILL);
             let _ = init.child.start_kill();
-            let _ = tokio::time::timeout(Duration::from_secs(10), init.child.wait()).await;
+            // Polled rather than awaited: at shutdown this runs on a private runtime, where
+            // the child's wait registration (made on the gateway's runtime) never fires.
+            for _ in 0..1000 {
+                if !matches!(init.child.try_wait(), Ok(None)) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
         for dir in [&sandbox.cgroups.memory, &sandbox.cgroups.cpu]
             .into_iter()

@@ -15,6 +15,8 @@
 //! - Every error carries a class ([`ErrorClass`]) that decides what the coordinator does:
 //!   advance to the next pool, end the operation, or reconcile.
 
+pub mod local;
+pub mod ops;
 pub mod simulated;
 
 use std::collections::HashMap;
@@ -25,6 +27,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use sandgate_router::Request;
+
+pub use ops::{ExecSpec, ExecStream, OpError, OpErrorKind, SandboxEntry, SnapshotInfo};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -158,6 +162,11 @@ pub struct CreateSpec {
     /// The pool's own account: an attempt never uses another account's authority.
     pub account: String,
     pub request: Arc<Request>,
+    /// Extra environment for the sandbox's processes: one placeholder variable per bound
+    /// credential (never a secret).
+    pub env: std::collections::BTreeMap<String, String>,
+    /// A snapshot (taken by this pool's provider) to restore into the new instance.
+    pub snapshot: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -319,6 +328,85 @@ pub trait Provider: Send + Sync + 'static {
         &'a self,
         instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>>;
+
+    // Operations on a running instance. An adapter implements those its provider offers;
+    // the rest answer `unsupported`, which the API reports as 501 naming the operation.
+
+    /// Starts a command and streams its output (see [`ExecStream`]).
+    fn exec<'a>(
+        &'a self,
+        instance_id: &'a str,
+        spec: ExecSpec,
+    ) -> BoxFuture<'a, Result<ExecStream, OpError>> {
+        let _ = (instance_id, spec);
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "exec")) })
+    }
+    fn read_file<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<u8>, OpError>> {
+        let _ = (instance_id, path);
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "files.read")) })
+    }
+    fn write_file<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        data: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        let _ = (instance_id, path, data);
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "files.write")) })
+    }
+    fn list_dir<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<SandboxEntry>, OpError>> {
+        let _ = (instance_id, path);
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "files.list")) })
+    }
+    fn remove_path<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        recursive: bool,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        let _ = (instance_id, path, recursive);
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "files.delete")) })
+    }
+    fn mkdir<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        parents: bool,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        let _ = (instance_id, path, parents);
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "files.mkdir")) })
+    }
+    /// `stop`, `start`, `pause` or `resume`.
+    fn lifecycle<'a>(
+        &'a self,
+        instance_id: &'a str,
+        operation: ops::Lifecycle,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        let _ = instance_id;
+        Box::pin(async move { Err(OpError::unsupported(self.kind(), operation.as_str())) })
+    }
+    /// Exports the instance's files; the returned id can seed a new instance of this
+    /// provider ([`CreateSpec::snapshot`]).
+    fn snapshot<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<SnapshotInfo, OpError>> {
+        let _ = instance_id;
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "snapshot")) })
+    }
+    /// Removes a snapshot this provider took (absent: success).
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> BoxFuture<'a, Result<(), OpError>> {
+        let _ = snapshot_id;
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Adapters by pool name. A pool without an adapter (a hosted provider this build has no

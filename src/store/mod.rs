@@ -3,6 +3,7 @@
 //! so a Postgres implementation can sit behind the same methods for replicas.
 
 pub mod sandboxes;
+pub mod snapshots;
 
 use std::path::Path;
 use std::str::FromStr;

@@ -553,7 +553,7 @@ impl Store {
     pub async fn live_placements(&self) -> Result<Vec<(String, String)>, StoreError> {
         let rows = sqlx::query(
             "SELECT labels_json, placement_json FROM sandboxes
-             WHERE state IN ('running', 'paused') AND placement_json IS NOT NULL",
+             WHERE state IN ('running', 'paused', 'stopped') AND placement_json IS NOT NULL",
         )
         .fetch_all(self.sqlite_pool())
         .await?;
@@ -568,7 +568,7 @@ impl Store {
     pub async fn live_counts_by_pool(&self) -> Result<HashMap<String, u64>, StoreError> {
         let rows = sqlx::query(
             "SELECT json_extract(placement_json, '$.pool') AS pool, COUNT(*) AS n FROM sandboxes
-             WHERE state IN ('running', 'paused') AND placement_json IS NOT NULL
+             WHERE state IN ('running', 'paused', 'stopped') AND placement_json IS NOT NULL
              GROUP BY pool",
         )
         .fetch_all(self.sqlite_pool())
@@ -691,7 +691,7 @@ impl Store {
     /// Running sandboxes, whose egress identities must be registered again after a restart.
     pub async fn running_sandboxes(&self) -> Result<Vec<SandboxRow>, StoreError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE state IN ('running', 'paused')"
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE state IN ('running', 'paused', 'stopped')"
         )))
         .fetch_all(self.sqlite_pool())
         .await?;

@@ -393,6 +393,14 @@ impl Gateway {
             dir.path().join("data/sandgate.db").display().to_string(),
             dir.path().join("data/master.key").display().to_string()
         ));
+        if !options.extra_toml.contains("[local]") {
+            // Local sandboxes (the default pool) live in the test's directory too.
+            toml.push_str(&format!(
+                "[local]\ndir = {:?}\nsnapshot_dir = {:?}\n",
+                dir.path().join("data/sandboxes").display().to_string(),
+                dir.path().join("data/snapshots").display().to_string()
+            ));
+        }
         toml.push_str(&options.extra_toml);
         toml.push_str("[egress]\nallow_private = [\"127.0.0.0/8\"]\n");
         for identity in &options.identities {

@@ -1,0 +1,774 @@
+//! Operations on a placed sandbox: exec (streamed), files, lifecycle and snapshots.
+//!
+//! Every operation, in this order:
+//! 1. finds the sandbox; one that does not exist and one of a workspace the caller may not
+//!    manage answer the same 404, so ids of other workspaces stay private;
+//! 2. asks policy: `sandgate.action` for exec and files (`exec`, `files.read`,
+//!    `files.write`, `files.list`, `files.delete`, `files.mkdir`), `sandgate.lifecycle`
+//!    for `start`, `stop`, `pause`, `resume`, `snapshot` and `delete`; a refusal is 403
+//!    `policy_denied` with the reasons, and nothing is done;
+//! 3. checks the state (`running`, `paused`, `stopped`; else 409 `sandbox_state`);
+//! 4. calls the pool's adapter; an operation the provider does not offer is 501
+//!    `unsupported`.
+//!
+//! Exec answers `application/x-ndjson`, one JSON object per line, flushed as output comes:
+//! `{"type":"started","exec_id":...}`, then `{"type":"stdout"|"stderr","text":...}` (or
+//! `"base64"` when a chunk is not valid UTF-8), then `{"type":"exit","code","signal",
+//! "reason"}` (`exited`, `timed_out`, `cancelled`). Closing the connection kills the
+//! command's process tree, as does `POST .../exec/{exec_id}/cancel`.
+//!
+//! Files: `GET|PUT /v1/sandboxes/{id}/files/content?path=` read and write raw bytes;
+//! `GET /v1/sandboxes/{id}/files?path=` lists a directory; `DELETE` with `recursive`
+//! removes; `POST .../files/mkdir?path=&parents=` creates a directory.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::auth::{Caller, Principal};
+use super::body::JsonBody;
+use super::ApiState;
+use crate::create::Located;
+use crate::error::ErrorReply;
+use crate::providers::ops::{ExecEvent, ExitReason, Lifecycle};
+use crate::providers::{ExecSpec, OpError, Provider};
+
+/// Largest file accepted by `PUT .../files/content`.
+pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
+/// Longest exec timeout a caller may ask for.
+const MAX_EXEC_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/exec/{exec_id}/cancel", post(cancel))
+        .route(
+            "/v1/sandboxes/{id}/files/content",
+            get(read_file)
+                .put(write_file)
+                .layer(DefaultBodyLimit::max(MAX_FILE_BYTES)),
+        )
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(list_dir).delete(remove_path),
+        )
+        .route("/v1/sandboxes/{id}/files/mkdir", post(mkdir))
+        .route("/v1/sandboxes/{id}/stop", post(stop))
+        .route("/v1/sandboxes/{id}/start", post(start))
+        .route("/v1/sandboxes/{id}/pause", post(pause))
+        .route("/v1/sandboxes/{id}/resume", post(resume))
+        .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
+        .route(
+            "/v1/snapshots/{snapshot_id}",
+            axum::routing::delete(delete_snapshot),
+        )
+}
+
+/// Running execs, so one can be cancelled by id.
+#[derive(Default)]
+pub struct ExecRegistry {
+    running: Mutex<HashMap<String, RunningExec>>,
+}
+
+struct RunningExec {
+    sandbox_id: String,
+    cancel: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl ExecRegistry {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunningExec>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Removes an exec from the registry when its response stream ends or is dropped.
+struct Registered {
+    registry: Arc<ExecRegistry>,
+    exec_id: String,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.registry.map().remove(&self.exec_id);
+    }
+}
+
+fn not_found(id: &str) -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no sandbox {id:?} in your workspace"),
+    )
+}
+
+fn op_error(e: OpError) -> ErrorReply {
+    let status = match e.kind {
+        crate::providers::OpErrorKind::NotFound => StatusCode::NOT_FOUND,
+        crate::providers::OpErrorKind::Invalid => StatusCode::BAD_REQUEST,
+        crate::providers::OpErrorKind::Conflict => StatusCode::CONFLICT,
+        crate::providers::OpErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+        crate::providers::OpErrorKind::Provider => StatusCode::BAD_GATEWAY,
+    };
+    ErrorReply::new(status, e.code(), e.message)
+}
+
+/// Steps 1 to 3 of the module contract; returns the sandbox and its adapter.
+pub(crate) async fn authorize(
+    state: &ApiState,
+    caller: &Principal,
+    id: &str,
+    layer: &'static str,
+    operation: &str,
+    detail: Value,
+    states: &[&str],
+) -> Result<(Located, Arc<dyn Provider>), ErrorReply> {
+    let located = match state.sandboxes.locate(id).await? {
+        Some(l) if caller.may_manage(&l.row.workspace) => l,
+        _ => return Err(not_found(id)),
+    };
+    let row = &located.row;
+    let labels: Value = serde_json::from_str(&row.labels_json).unwrap_or(json!({}));
+    let placement = located.placement.as_ref();
+    let mut input = json!({
+        "operation": operation,
+        "principal": {
+            "principal": caller.principal,
+            "workspace": caller.workspace,
+            "roles": caller.roles,
+        },
+        "workspace": row.workspace,
+        "sandbox": {
+            "id": row.id,
+            "workspace": row.workspace,
+            "labels": labels,
+            "state": row.state,
+            "pool": placement.map(|p| p.pool.as_str()),
+            "provider": placement.map(|p| p.provider.as_str()),
+            "account": placement.map(|p| p.account.as_str()),
+        },
+        "exec": null,
+        "file": null,
+    });
+    if let (Some(object), Some(extra)) = (input.as_object_mut(), detail.as_object()) {
+        for (k, v) in extra {
+            object.insert(k.clone(), v.clone());
+        }
+    }
+    let decision = state.policy.evaluate(layer, regorus::Value::from(input));
+    if !decision.allowed {
+        return Err(ErrorReply::new(
+            StatusCode::FORBIDDEN,
+            "policy_denied",
+            format!("policy ({layer}) refused {operation} on sandbox {id}"),
+        )
+        .with_details(json!({
+            "layer": layer,
+            "operation": operation,
+            "reasons": decision.reasons,
+            "generation": decision.generation,
+        })));
+    }
+    if !states.contains(&row.state.as_str()) {
+        return Err(ErrorReply::new(
+            StatusCode::CONFLICT,
+            "sandbox_state",
+            format!(
+                "sandbox {id} is {}; {operation} needs it {}",
+                row.state,
+                states.join(" or ")
+            ),
+        )
+        .with_details(json!({"state": row.state})));
+    }
+    let Some(adapter) = located.adapter.clone() else {
+        return Err(ErrorReply::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported",
+            format!("sandbox {id} has no provider adapter for {operation}"),
+        ));
+    };
+    Ok((located, adapter))
+}
+
+fn instance(located: &Located) -> &str {
+    located
+        .placement
+        .as_ref()
+        .map(|p| p.instance_id.as_str())
+        .unwrap_or_default()
+}
+
+const LIVE: &[&str] = &["running", "paused", "stopped"];
+
+// ------------------------------------------------------------------------------ exec
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecBody {
+    /// The program and its arguments (no shell: use `["sh", "-c", "..."]` for one).
+    argv: Vec<String>,
+    /// Extra environment variables (the proxy and CA variables cannot be redefined).
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    /// Working directory inside the sandbox (default its home).
+    cwd: Option<String>,
+    /// Kill the command's process tree after this many milliseconds.
+    timeout_ms: Option<u64>,
+}
+
+/// Run a command in a sandbox; output streams back as NDJSON.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/exec",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body(content = ExecBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "application/x-ndjson: started, stdout/stderr chunks in order, exit", content_type = "application/x-ndjson"),
+        (status = 403, description = "policy_denied (layer sandgate.action, operation exec)"),
+        (status = 404, description = "not_found"),
+        (status = 409, description = "sandbox_state: not running"),
+        (status = 501, description = "unsupported by the sandbox's provider"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn exec(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<ExecBody>,
+) -> Response {
+    match start_exec(&state, &caller, &id, body).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn start_exec(
+    state: &ApiState,
+    caller: &Principal,
+    id: &str,
+    body: ExecBody,
+) -> Result<Response, ErrorReply> {
+    if body.argv.is_empty() {
+        return Err(ErrorReply::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "`argv` must name a program",
+        )
+        .with_details(json!({"field": "argv"})));
+    }
+    let timeout = body.timeout_ms.map(Duration::from_millis);
+    if timeout.is_some_and(|t| t.is_zero() || t > MAX_EXEC_TIMEOUT) {
+        return Err(ErrorReply::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "`timeout_ms` must be between 1 and 86400000",
+        )
+        .with_details(json!({"field": "timeout_ms"})));
+    }
+    // Environment values may hold secrets: policy sees the names only.
+    let detail = json!({"exec": {
+        "argv": body.argv,
+        "cwd": body.cwd,
+        "env_names": body.env.keys().collect::<Vec<_>>(),
+    }});
+    let (located, adapter) =
+        authorize(state, caller, id, "action", "exec", detail, &["running"]).await?;
+    let stream = adapter
+        .exec(
+            instance(&located),
+            ExecSpec {
+                argv: body.argv,
+                env: body.env,
+                cwd: body.cwd,
+                timeout,
+            },
+        )
+        .await
+        .map_err(op_error)?;
+    let exec_id = format!("ex-{}", crate::create::random_hex(8));
+    state.execs.map().insert(
+        exec_id.clone(),
+        RunningExec {
+            sandbox_id: id.to_string(),
+            cancel: stream.cancel.clone(),
+        },
+    );
+    metrics::counter!("sandgate_sandbox_execs_total").increment(1);
+    tracing::info!(sandbox = %id, exec = %exec_id, principal = %caller.principal, "exec started");
+    let registered = Registered {
+        registry: state.execs.clone(),
+        exec_id: exec_id.clone(),
+    };
+    let started = ndjson(&json!({"type": "started", "exec_id": exec_id}));
+    let events = futures_util::stream::unfold(
+        (stream.events, Some(registered), Some(started)),
+        |(mut events, registered, first)| async move {
+            if let Some(first) = first {
+                return Some((
+                    Ok::<_, std::convert::Infallible>(first),
+                    (events, registered, None),
+                ));
+            }
+            registered.as_ref()?;
+            let event = events.recv().await?;
+            let line = match event {
+                ExecEvent::Stdout(b) => chunk("stdout", &b),
+                ExecEvent::Stderr(b) => chunk("stderr", &b),
+                ExecEvent::Exit(exit) => ndjson(&json!({
+                    "type": "exit",
+                    "code": exit.code,
+                    "signal": exit.signal,
+                    "reason": match exit.reason {
+                        ExitReason::Exited => "exited",
+                        ExitReason::TimedOut => "timed_out",
+                        ExitReason::Cancelled => "cancelled",
+                    },
+                })),
+            };
+            Some((Ok(line), (events, registered, None)))
+        },
+    );
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .header(header::CACHE_CONTROL, "no-store")
+        .body(Body::from_stream(events))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+}
+
+fn ndjson(value: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(value).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+fn chunk(stream: &str, bytes: &[u8]) -> Bytes {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => ndjson(&json!({"type": stream, "text": text})),
+        Err(_) => ndjson(&json!({
+            "type": stream,
+            "base64": base64::engine::general_purpose::STANDARD.encode(bytes),
+        })),
+    }
+}
+
+/// Cancel a running exec: its whole process tree is killed; its stream ends with
+/// `reason: cancelled`.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/exec/{exec_id}/cancel",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"), ("exec_id" = String, Path, description = "From the exec's `started` line")),
+    responses((status = 202, description = "Cancelled"), (status = 404, description = "not_found: no such running exec")),
+    security(("bearer" = []))
+)]
+pub async fn cancel(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path((id, exec_id)): Path<(String, String)>,
+) -> Response {
+    let detail = json!({"exec": {"exec_id": exec_id}});
+    if let Err(e) = authorize(&state, &caller, &id, "action", "exec", detail, LIVE).await {
+        return e.into_response();
+    }
+    let cancel = state
+        .execs
+        .map()
+        .get(&exec_id)
+        .filter(|r| r.sandbox_id == id)
+        .map(|r| r.cancel.clone());
+    match cancel {
+        Some(cancel) => {
+            cancel();
+            (
+                StatusCode::ACCEPTED,
+                Json(json!({"exec_id": exec_id, "cancelled": true})),
+            )
+                .into_response()
+        }
+        None => ErrorReply::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no running exec {exec_id:?} in sandbox {id}"),
+        )
+        .into_response(),
+    }
+}
+
+// ----------------------------------------------------------------------------- files
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    #[serde(default)]
+    parents: bool,
+}
+
+type PathParam = Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>;
+
+fn path_query(q: PathParam) -> Result<PathQuery, ErrorReply> {
+    q.map(|Query(q)| q).map_err(|_| {
+        ErrorReply::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "query parameters: path (required), recursive, parents",
+        )
+        .with_details(json!({"field": "path"}))
+    })
+}
+
+async fn file_op<F, T>(
+    state: &ApiState,
+    caller: &Principal,
+    id: &str,
+    operation: &'static str,
+    q: PathParam,
+    op: F,
+) -> Result<T, ErrorReply>
+where
+    F: for<'a> FnOnce(
+        &'a dyn Provider,
+        &'a str,
+        &'a PathQuery,
+    ) -> crate::providers::BoxFuture<'a, Result<T, OpError>>,
+{
+    let q = path_query(q)?;
+    let detail = json!({"file": {"path": q.path}});
+    let (located, adapter) =
+        authorize(state, caller, id, "action", operation, detail, LIVE).await?;
+    op(adapter.as_ref(), instance(&located), &q)
+        .await
+        .map_err(op_error)
+}
+
+/// Read a file's bytes.
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/files/content",
+    tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), ("path" = String, Query, description = "Absolute, or relative to the sandbox's home")),
+    responses((status = 200, description = "The bytes", content_type = "application/octet-stream"), (status = 404, description = "not_found")),
+    security(("bearer" = []))
+)]
+pub async fn read_file(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    q: PathParam,
+) -> Response {
+    match file_op(&state, &caller, &id, "files.read", q, |a, i, q| {
+        a.read_file(i, &q.path)
+    })
+    .await
+    {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Create or replace a file with the request body (any bytes).
+#[utoipa::path(
+    put,
+    path = "/v1/sandboxes/{id}/files/content",
+    tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), ("path" = String, Query, description = "Under the home directory or /tmp")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 204, description = "Written"), (status = 400, description = "invalid_request")),
+    security(("bearer" = []))
+)]
+pub async fn write_file(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    q: PathParam,
+    body: Bytes,
+) -> Response {
+    let data = body.to_vec();
+    match file_op(&state, &caller, &id, "files.write", q, move |a, i, q| {
+        a.write_file(i, &q.path, data)
+    })
+    .await
+    {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// List a directory.
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/files",
+    tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), ("path" = String, Query, description = "Directory")),
+    responses((status = 200, description = "{path, entries: [{name, kind, size, mode, modified_unix}]}", body = Object)),
+    security(("bearer" = []))
+)]
+pub async fn list_dir(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    q: PathParam,
+) -> Response {
+    let path = q.as_ref().map(|q| q.path.clone()).unwrap_or_default();
+    match file_op(&state, &caller, &id, "files.list", q, |a, i, q| {
+        a.list_dir(i, &q.path)
+    })
+    .await
+    {
+        Ok(entries) => Json(json!({"path": path, "entries": entries})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Delete a file, a symlink, an empty directory, or a tree with `recursive=true`.
+#[utoipa::path(
+    delete,
+    path = "/v1/sandboxes/{id}/files",
+    tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), ("path" = String, Query, description = "What to delete"), ("recursive" = Option<bool>, Query, description = "Delete a directory tree")),
+    responses((status = 204, description = "Deleted")),
+    security(("bearer" = []))
+)]
+pub async fn remove_path(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    q: PathParam,
+) -> Response {
+    match file_op(&state, &caller, &id, "files.delete", q, |a, i, q| {
+        a.remove_path(i, &q.path, q.recursive)
+    })
+    .await
+    {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Create a directory (and its missing parents with `parents=true`).
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/files/mkdir",
+    tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), ("path" = String, Query, description = "Directory to create"), ("parents" = Option<bool>, Query, description = "Create missing parents")),
+    responses((status = 201, description = "Created")),
+    security(("bearer" = []))
+)]
+pub async fn mkdir(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    q: PathParam,
+) -> Response {
+    match file_op(&state, &caller, &id, "files.mkdir", q, |a, i, q| {
+        a.mkdir(i, &q.path, q.parents)
+    })
+    .await
+    {
+        Ok(()) => StatusCode::CREATED.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+// ------------------------------------------------------------------------- lifecycle
+
+async fn transition(
+    state: ApiState,
+    caller: Arc<Principal>,
+    id: String,
+    op: Lifecycle,
+) -> Response {
+    let result = async {
+        let (located, adapter) = authorize(
+            &state,
+            &caller,
+            &id,
+            "lifecycle",
+            op.as_str(),
+            json!({}),
+            op.from_states(),
+        )
+        .await?;
+        adapter
+            .lifecycle(instance(&located), op)
+            .await
+            .map_err(op_error)?;
+        state
+            .sandboxes
+            .set_state(&id, op.from_states(), op.resulting_state())
+            .await?;
+        tracing::info!(sandbox = %id, operation = op.as_str(), principal = %caller.principal, "sandbox lifecycle");
+        state.sandboxes.view(&id).await
+    }
+    .await;
+    match result {
+        Ok(Some(view)) => Json(view).into_response(),
+        Ok(None) => not_found(&id).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+macro_rules! lifecycle_route {
+    ($name:ident, $op:expr, $path:literal, $doc:literal) => {
+        #[doc = $doc]
+        #[utoipa::path(
+                    post,
+                    path = $path,
+                    tag = "sandboxes",
+                    params(("id" = String, Path, description = "Sandbox id")),
+                    responses(
+                        (status = 200, description = "The sandbox in its new state", body = Object),
+                        (status = 403, description = "policy_denied (layer sandgate.lifecycle)"),
+                        (status = 409, description = "sandbox_state"),
+                    ),
+                    security(("bearer" = []))
+                )]
+        pub async fn $name(
+            State(state): State<ApiState>,
+            Caller(caller): Caller,
+            Path(id): Path<String>,
+        ) -> Response {
+            transition(state, caller, id, $op).await
+        }
+    };
+}
+
+lifecycle_route!(
+    stop,
+    Lifecycle::Stop,
+    "/v1/sandboxes/{id}/stop",
+    "Stop: every process is killed; files stay."
+);
+lifecycle_route!(
+    start,
+    Lifecycle::Start,
+    "/v1/sandboxes/{id}/start",
+    "Start a stopped sandbox again."
+);
+lifecycle_route!(
+    pause,
+    Lifecycle::Pause,
+    "/v1/sandboxes/{id}/pause",
+    "Pause: every process is frozen."
+);
+lifecycle_route!(
+    resume,
+    Lifecycle::Resume,
+    "/v1/sandboxes/{id}/resume",
+    "Resume a paused sandbox."
+);
+
+/// Snapshot the sandbox's files; create a new sandbox from it with `"snapshot": "<id>"`.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/snapshot",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 201, description = "{snapshot: {id, size_bytes, pool, ...}}", body = Object)),
+    security(("bearer" = []))
+)]
+pub async fn snapshot(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Response {
+    let result = async {
+        let (located, adapter) = authorize(
+            &state,
+            &caller,
+            &id,
+            "lifecycle",
+            "snapshot",
+            json!({}),
+            LIVE,
+        )
+        .await?;
+        let info = adapter
+            .snapshot(instance(&located))
+            .await
+            .map_err(op_error)?;
+        let Some(placement) = located.placement.clone() else {
+            return Err(not_found(&id));
+        };
+        let row = crate::store::snapshots::SnapshotRow {
+            id: info.id.clone(),
+            workspace: located.row.workspace.clone(),
+            sandbox_id: id.clone(),
+            pool: placement.pool,
+            provider: placement.provider,
+            size_bytes: info.size_bytes as i64,
+            created_ms: crate::create::now_ms(),
+        };
+        if let Err(e) = state.sandboxes.store().insert_snapshot(&row).await {
+            let _ = adapter.delete_snapshot(&info.id).await;
+            return Err(ErrorReply::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("recording the snapshot: {e}"),
+            ));
+        }
+        Ok(row)
+    }
+    .await;
+    match result {
+        Ok(row) => (StatusCode::CREATED, Json(json!({"snapshot": row}))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Delete a snapshot of your workspace.
+#[utoipa::path(
+    delete,
+    path = "/v1/snapshots/{snapshot_id}",
+    tag = "sandboxes",
+    params(("snapshot_id" = String, Path, description = "Snapshot id")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "not_found")),
+    security(("bearer" = []))
+)]
+pub async fn delete_snapshot(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(snapshot_id): Path<String>,
+) -> Response {
+    let store = state.sandboxes.store();
+    let row = match store.get_snapshot(&snapshot_id).await {
+        Ok(Some(row)) if caller.may_manage(&row.workspace) => row,
+        Ok(_) => {
+            return ErrorReply::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no snapshot {snapshot_id:?} in your workspace"),
+            )
+            .into_response()
+        }
+        Err(e) => {
+            return ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+                .into_response()
+        }
+    };
+    if let Some(adapter) = state.sandboxes.providers().for_pool(&row.pool) {
+        if let Err(e) = adapter.delete_snapshot(&row.id).await {
+            return op_error(e).into_response();
+        }
+    }
+    match store.delete_snapshot(&row.id).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            .into_response(),
+    }
+}

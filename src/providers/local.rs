@@ -1,0 +1,446 @@
+//! The `kind = "local"` provider: each instance is a [`crate::localbox`] sandbox on this
+//! machine, whose only way out is a proxy listener sandgate binds inside its network
+//! namespace.
+//!
+//! Contract:
+//! - An instance id is `lb-<12 hex>` (a new one per attempt); the sandbox id it serves is
+//!   its tag. Its `HTTP_PROXY` is `http://127.0.0.1:<[local] proxy_port>` with no
+//!   credentials: the listener serves only that sandbox's egress identity (looked up per
+//!   request, so deletion revokes it at once), and a header naming another sandbox changes
+//!   nothing.
+//! - The sandbox's environment carries the proxy and CA variables (the gateway CA placed
+//!   inside it) and the credential placeholders the coordinator passes; never a secret.
+//! - Requested `resources.cpu` and `resources.memory_mb` become cgroup limits when the
+//!   machine can enforce them; the default pool declares those resources only then.
+//! - Instances do not survive a gateway restart: the runtime's processes die with it, and
+//!   the next start removes what is left ([`LocalProvider::new`] purges orphans), so `get`
+//!   answers `None` for them.
+//! - Snapshots are tar files `<snapshot_dir>/<snap id>.tar`; `create` with a snapshot
+//!   restores it inside the new sandbox.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use super::ops::{ExecSpec, ExecStream, Lifecycle, OpError, OpErrorKind, SandboxEntry};
+use super::{
+    BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, Provider, ProviderError,
+    RuntimeCapabilities, SnapshotInfo, Tags,
+};
+use crate::egress::EgressState;
+use crate::localbox::{
+    ExecRequest, Limits, LocalRuntime, LocalboxError, RuntimeConfig, SandboxSpec,
+};
+
+pub struct LocalProvider {
+    runtime: Arc<LocalRuntime>,
+    egress: Arc<EgressState>,
+    ca_pem: Vec<u8>,
+    proxy_port: u16,
+    snapshot_dir: PathBuf,
+    instances: Mutex<HashMap<String, LocalInstance>>,
+}
+
+struct LocalInstance {
+    tags: Tags,
+    listener: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LocalInstance {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl std::fmt::Debug for LocalProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalProvider")
+            .field("proxy_port", &self.proxy_port)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The runtime settings `[local]` describes.
+pub fn runtime_config(config: &crate::config::LocalConfig) -> RuntimeConfig {
+    let mut rc = RuntimeConfig::new(&config.dir);
+    rc.netns_prefix = config.netns_prefix.clone();
+    rc.cgroup_name = config.cgroup.clone();
+    rc.uid = config.uid;
+    rc.gid = config.gid;
+    rc.extra_ro_binds = config.extra_ro_binds.clone();
+    rc
+}
+
+impl LocalProvider {
+    /// Takes over the runtime and removes the sandboxes a previous process left behind.
+    pub async fn new(
+        runtime: Arc<LocalRuntime>,
+        egress: Arc<EgressState>,
+        ca_pem: Vec<u8>,
+        config: &crate::config::LocalConfig,
+    ) -> Result<LocalProvider, LocalboxError> {
+        let purged = runtime.purge_orphans().await?;
+        if !purged.is_empty() {
+            tracing::info!(count = purged.len(), ids = ?purged, "removed local sandboxes a previous run left behind");
+        }
+        std::fs::create_dir_all(&config.snapshot_dir).map_err(|e| LocalboxError::Setup {
+            step: format!("creating {}", config.snapshot_dir.display()),
+            detail: e.to_string(),
+        })?;
+        Ok(LocalProvider {
+            runtime,
+            egress,
+            ca_pem,
+            proxy_port: config.proxy_port,
+            snapshot_dir: config.snapshot_dir.clone(),
+            instances: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn runtime(&self) -> &Arc<LocalRuntime> {
+        &self.runtime
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalInstance>> {
+        self.instances.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn snapshot_path(&self, id: &str) -> Result<PathBuf, OpError> {
+        let ok = id.len() == 21
+            && id.starts_with("snap-")
+            && id[5..].bytes().all(|b| b.is_ascii_hexdigit());
+        if !ok {
+            return Err(OpError::new(
+                OpErrorKind::NotFound,
+                format!("no snapshot {id:?}"),
+            ));
+        }
+        Ok(self.snapshot_dir.join(format!("{id}.tar")))
+    }
+
+    async fn do_create(&self, spec: CreateSpec) -> Result<Instance, ProviderError> {
+        let instance_id = format!("lb-{}", hex(6));
+        let resources = &spec.request.resources;
+        let caps = self.runtime.capabilities();
+        let limits = Limits {
+            memory_bytes: resources
+                .memory_mb
+                .filter(|_| caps.memory_limit)
+                .map(|mb| mb * 1024 * 1024),
+            cpu_millis: resources
+                .cpu
+                .filter(|_| caps.cpu_limit)
+                .map(|cpu| (cpu * 1000.0).round().max(1.0) as u32),
+        };
+        let from_snapshot = match &spec.snapshot {
+            Some(id) => {
+                let path = self
+                    .snapshot_path(id)
+                    .map_err(|e| ProviderError::new(ErrorClass::InvalidRequest, e.message))?;
+                if !path.exists() {
+                    return Err(ProviderError::new(
+                        ErrorClass::InvalidRequest,
+                        format!("snapshot {id} does not exist on this provider"),
+                    ));
+                }
+                Some(path)
+            }
+            None => None,
+        };
+        let created = self
+            .runtime
+            .create(SandboxSpec {
+                id: instance_id.clone(),
+                proxy_url: format!("http://127.0.0.1:{}", self.proxy_port),
+                ca_pem: Some(self.ca_pem.clone()),
+                env: spec.env.clone(),
+                limits,
+                from_snapshot,
+            })
+            .await
+            .map_err(|e| {
+                let class = match &e {
+                    LocalboxError::Invalid(_) | LocalboxError::InvalidId(_) => {
+                        ErrorClass::InvalidRequest
+                    }
+                    LocalboxError::Unsupported(_)
+                    | LocalboxError::Privileges { .. }
+                    | LocalboxError::MissingTool(_) => ErrorClass::Unsupported,
+                    _ => ErrorClass::FailedBeforeRunning,
+                };
+                ProviderError::new(class, e.to_string())
+            })?;
+        let sandbox_id: Arc<str> = Arc::from(spec.tags.sandbox_id.as_str());
+        let listener = tokio::spawn(crate::egress::serve_for(
+            created.listener,
+            self.egress.clone(),
+            sandbox_id,
+        ));
+        tracing::info!(
+            sandbox = %spec.tags.sandbox_id,
+            instance = %instance_id,
+            netns = %self.runtime.netns_name(&instance_id),
+            enforced = ?created.enforced,
+            "local sandbox running"
+        );
+        self.map().insert(
+            instance_id.clone(),
+            LocalInstance {
+                tags: spec.tags.clone(),
+                listener,
+            },
+        );
+        Ok(Instance {
+            id: instance_id,
+            tags: spec.tags,
+            state: InstanceState::Running,
+        })
+    }
+}
+
+fn hex(bytes: usize) -> String {
+    use ring::rand::SecureRandom;
+    let mut buf = vec![0u8; bytes];
+    ring::rand::SystemRandom::new()
+        .fill(&mut buf)
+        .expect("system randomness");
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Provider for LocalProvider {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, ProviderError>> {
+        Box::pin(self.do_create(spec))
+    }
+
+    fn get<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Instance>, ProviderError>> {
+        Box::pin(async move {
+            let tags = self.map().get(instance_id).map(|i| i.tags.clone());
+            Ok(tags.map(|tags| Instance {
+                id: instance_id.to_string(),
+                tags,
+                state: InstanceState::Running,
+            }))
+        })
+    }
+
+    fn list_by_tag<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        attempt_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<Instance>, ProviderError>> {
+        Box::pin(async move {
+            Ok(self
+                .map()
+                .iter()
+                .filter(|(_, i)| i.tags.sandbox_id == sandbox_id)
+                .filter(|(_, i)| attempt_id.is_none_or(|a| a == i.tags.attempt_id))
+                .map(|(id, i)| Instance {
+                    id: id.clone(),
+                    tags: i.tags.clone(),
+                    state: InstanceState::Running,
+                })
+                .collect())
+        })
+    }
+
+    fn delete<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            match self.runtime.delete(instance_id).await {
+                Ok(()) | Err(LocalboxError::NotFound(_)) => {}
+                Err(e) => return Err(ProviderError::new(ErrorClass::ProviderError, e.to_string())),
+            }
+            // Dropping the instance stops its listener.
+            self.map().remove(instance_id);
+            Ok(())
+        })
+    }
+
+    fn capabilities<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
+        Box::pin(async move {
+            if !self.map().contains_key(instance_id) {
+                return Err(ProviderError::new(
+                    ErrorClass::Unknown,
+                    format!("no local instance {instance_id}"),
+                ));
+            }
+            Ok(RuntimeCapabilities {
+                public_ports: false,
+                pause_resume: self.runtime.capabilities().freezer,
+                pty: false,
+                ..RuntimeCapabilities::FULL
+            })
+        })
+    }
+
+    fn exec<'a>(
+        &'a self,
+        instance_id: &'a str,
+        spec: ExecSpec,
+    ) -> BoxFuture<'a, Result<ExecStream, OpError>> {
+        Box::pin(async move {
+            let handle = self
+                .runtime
+                .exec(
+                    instance_id,
+                    ExecRequest {
+                        argv: spec.argv,
+                        env: spec.env,
+                        cwd: spec.cwd,
+                        timeout: spec.timeout,
+                    },
+                )
+                .await?;
+            let (events, canceller) = handle.into_parts();
+            Ok(ExecStream {
+                events,
+                cancel: Arc::new(move || canceller.cancel()),
+            })
+        })
+    }
+
+    fn read_file<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<u8>, OpError>> {
+        Box::pin(async move { Ok(self.runtime.read_file(instance_id, path).await?) })
+    }
+
+    fn write_file<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        data: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move { Ok(self.runtime.write_file(instance_id, path, data).await?) })
+    }
+
+    fn list_dir<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<SandboxEntry>, OpError>> {
+        Box::pin(async move {
+            let entries = self.runtime.list_dir(instance_id, path).await?;
+            Ok(entries.into_iter().map(SandboxEntry::from).collect())
+        })
+    }
+
+    fn remove_path<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        recursive: bool,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move { Ok(self.runtime.remove(instance_id, path, recursive).await?) })
+    }
+
+    fn mkdir<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        parents: bool,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move { Ok(self.runtime.mkdir(instance_id, path, parents).await?) })
+    }
+
+    fn lifecycle<'a>(
+        &'a self,
+        instance_id: &'a str,
+        operation: Lifecycle,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move {
+            match operation {
+                Lifecycle::Stop => self.runtime.stop(instance_id).await?,
+                Lifecycle::Start => self.runtime.start(instance_id).await?,
+                Lifecycle::Pause => self.runtime.pause(instance_id).await?,
+                Lifecycle::Resume => self.runtime.resume(instance_id).await?,
+            }
+            Ok(())
+        })
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<SnapshotInfo, OpError>> {
+        Box::pin(async move {
+            let id = format!("snap-{}", hex(8));
+            let path = self.snapshot_path(&id)?;
+            match self.runtime.snapshot(instance_id, &path).await {
+                Ok(size_bytes) => Ok(SnapshotInfo { id, size_bytes }),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&path);
+                    Err(e.into())
+                }
+            }
+        })
+    }
+
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move {
+            let path = self.snapshot_path(snapshot_id)?;
+            match std::fs::remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(OpError::new(
+                    OpErrorKind::Provider,
+                    format!("removing snapshot {snapshot_id}: {e}"),
+                )),
+            }
+        })
+    }
+}
+
+/// Stands in for the local provider when this machine cannot run it (not root, no
+/// `ip`): every create fails with the reason, naming what is missing.
+#[derive(Debug)]
+pub struct UnavailableLocal {
+    pub reason: String,
+}
+
+impl Provider for UnavailableLocal {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+    fn create(&self, _spec: CreateSpec) -> BoxFuture<'_, Result<Instance, ProviderError>> {
+        Box::pin(async move {
+            Err(ProviderError::new(
+                ErrorClass::Unsupported,
+                format!(
+                    "the local provider is unavailable on this machine: {}",
+                    self.reason
+                ),
+            ))
+        })
+    }
+    fn get<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<Instance>, ProviderError>> {
+        Box::pin(async { Ok(None) })
+    }
+    fn list_by_tag<'a>(
+        &'a self,
+        _: &'a str,
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<Instance>, ProviderError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn delete<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn capabilities<'a>(
+        &'a self,
+        _: &'a str,
+    ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
+        Box::pin(async { Ok(RuntimeCapabilities::NONE) })
+    }
+}

@@ -1,0 +1,206 @@
+//! Operations on a running sandbox, provider-neutral: what the API, the CLI and every
+//! adapter share for exec, files, lifecycle and snapshots.
+//!
+//! Contract:
+//! - An exec streams [`ExecEvent`]s in order: output chunks (exact order within stdout and
+//!   within stderr), then exactly one `Exit`, then the stream ends. Dropping the stream
+//!   before `Exit`, or calling its canceller, kills the command's whole process tree.
+//! - Every failure is an [`OpError`] with a stable kind the API maps to one status and
+//!   code; its message never holds a secret (file contents, environment values).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+pub use crate::localbox::{EntryKind, ExecEvent, ExitInfo, ExitReason};
+
+/// One command to run.
+#[derive(Debug, Clone, Default)]
+pub struct ExecSpec {
+    pub argv: Vec<String>,
+    /// Added to the sandbox's environment (may not redefine the proxy or CA variables).
+    pub env: BTreeMap<String, String>,
+    /// Working directory inside the sandbox (default its home).
+    pub cwd: Option<String>,
+    /// The command's whole process tree is killed after this long.
+    pub timeout: Option<Duration>,
+}
+
+/// A running command's output and its cancel switch.
+pub struct ExecStream {
+    pub events: mpsc::Receiver<ExecEvent>,
+    pub cancel: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl std::fmt::Debug for ExecStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecStream").finish_non_exhaustive()
+    }
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SandboxEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: &'static str,
+    pub size: u64,
+    pub mode: u32,
+    pub modified_unix: i64,
+}
+
+/// A lifecycle transition of a placed sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    Stop,
+    Start,
+    Pause,
+    Resume,
+}
+
+impl Lifecycle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lifecycle::Stop => "stop",
+            Lifecycle::Start => "start",
+            Lifecycle::Pause => "pause",
+            Lifecycle::Resume => "resume",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Lifecycle> {
+        [
+            Lifecycle::Stop,
+            Lifecycle::Start,
+            Lifecycle::Pause,
+            Lifecycle::Resume,
+        ]
+        .into_iter()
+        .find(|l| l.as_str() == name)
+    }
+
+    /// The state a sandbox is in after this transition.
+    pub fn resulting_state(self) -> &'static str {
+        match self {
+            Lifecycle::Stop => "stopped",
+            Lifecycle::Start | Lifecycle::Resume => "running",
+            Lifecycle::Pause => "paused",
+        }
+    }
+
+    /// The states this transition starts from.
+    pub fn from_states(self) -> &'static [&'static str] {
+        match self {
+            Lifecycle::Stop => &["running", "paused"],
+            Lifecycle::Start => &["stopped"],
+            Lifecycle::Pause => &["running"],
+            Lifecycle::Resume => &["paused"],
+        }
+    }
+}
+
+/// A snapshot an adapter took.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotInfo {
+    pub id: String,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpErrorKind {
+    /// The instance, the file or the snapshot does not exist.
+    NotFound,
+    /// The request itself is wrong (bad path, empty argv, reserved variable).
+    Invalid,
+    /// The sandbox is not in a state that allows the operation (paused, stopped).
+    Conflict,
+    /// The provider does not offer this operation.
+    Unsupported,
+    /// The provider failed.
+    Provider,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct OpError {
+    pub kind: OpErrorKind,
+    pub message: String,
+}
+
+impl OpError {
+    pub fn new(kind: OpErrorKind, message: impl Into<String>) -> OpError {
+        OpError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn unsupported(provider: &str, operation: &str) -> OpError {
+        OpError::new(
+            OpErrorKind::Unsupported,
+            format!("provider kind {provider:?} does not support {operation}"),
+        )
+    }
+
+    /// The stable error code the API answers with.
+    pub fn code(&self) -> &'static str {
+        match self.kind {
+            OpErrorKind::NotFound => "not_found",
+            OpErrorKind::Invalid => "invalid_request",
+            OpErrorKind::Conflict => "sandbox_state",
+            OpErrorKind::Unsupported => "unsupported",
+            OpErrorKind::Provider => "provider_error",
+        }
+    }
+}
+
+impl From<crate::localbox::LocalboxError> for OpError {
+    fn from(e: crate::localbox::LocalboxError) -> OpError {
+        use crate::localbox::LocalboxError as L;
+        let kind = match &e {
+            L::NotFound(_) => OpErrorKind::NotFound,
+            L::File { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                OpErrorKind::NotFound
+            }
+            L::File { source, .. }
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::AlreadyExists
+                        | std::io::ErrorKind::DirectoryNotEmpty
+                        | std::io::ErrorKind::IsADirectory
+                        | std::io::ErrorKind::NotADirectory
+                        | std::io::ErrorKind::PermissionDenied
+                ) =>
+            {
+                OpErrorKind::Invalid
+            }
+            L::Invalid(_) | L::InvalidPath { .. } | L::InvalidId(_) => OpErrorKind::Invalid,
+            L::State { .. } | L::AlreadyExists(_) => OpErrorKind::Conflict,
+            L::Unsupported(_) | L::Privileges { .. } | L::MissingTool(_) => {
+                OpErrorKind::Unsupported
+            }
+            L::File { .. } | L::Setup { .. } => OpErrorKind::Provider,
+        };
+        OpError::new(kind, e.to_string())
+    }
+}
+
+impl From<crate::localbox::FileEntry> for SandboxEntry {
+    fn from(e: crate::localbox::FileEntry) -> SandboxEntry {
+        SandboxEntry {
+            name: e.name,
+            kind: match e.kind {
+                EntryKind::File => "file",
+                EntryKind::Dir => "dir",
+                EntryKind::Symlink => "symlink",
+                EntryKind::Other => "other",
+            },
+            size: e.size,
+            mode: e.mode,
+            modified_unix: e.modified_unix,
+        }
+    }
+}
