@@ -628,6 +628,18 @@ impl Config {
                 ConfigError::invalid(format!("{key}.{field}"), message)
             })?;
         }
+        if self.local.proxy_port == 0 {
+            return Err(ConfigError::invalid("local.proxy_port", "must not be 0"));
+        }
+        if self.local.capacity == 0 {
+            return Err(ConfigError::invalid("local.capacity", "must be at least 1"));
+        }
+        if self.local.dir == self.local.snapshot_dir {
+            return Err(ConfigError::invalid(
+                "local.snapshot_dir",
+                "must differ from local.dir (orphaned sandboxes are purged from local.dir)",
+            ));
+        }
         let c = &self.create;
         for (workspace, order) in &c.workspace_order {
             for (i, name) in order.iter().enumerate() {

@@ -11,6 +11,7 @@ pub mod config;
 pub mod create;
 pub mod credentials;
 pub mod decision_log;
+pub mod demo;
 pub mod domain;
 pub mod egress;
 pub mod error;

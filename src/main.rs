@@ -36,6 +36,10 @@ enum Command {
         #[arg(long, short, env = "SANDGATE_CONFIG", global = true)]
         config: Option<PathBuf>,
     },
+    /// Show sandgate end to end in one command (no network, no account; needs root): a
+    /// local sandbox, an allowed and a blocked HTTPS origin, an injected credential, and no
+    /// route around the proxy.
+    Demo,
     /// Run the gateway (egress proxy and API) on the embedded defaults or a config file.
     Serve {
         /// TOML configuration file; without it the embedded defaults apply.
@@ -120,6 +124,14 @@ fn main() -> anyhow::Result<()> {
         Command::Policy { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
             let code = policy_command(command, &config.policy.dir)?;
+            std::process::exit(code);
+        }
+        Command::Demo => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let code = runtime.block_on(sandgate::demo::run())?;
             std::process::exit(code);
         }
         Command::Serve { config } => {

@@ -463,3 +463,142 @@ mod reqwest {
             .block_on(async move { ::reqwest::get(url).await.unwrap().text().await.unwrap() })
     }
 }
+
+/// Root, for the tests that run local sandboxes (namespaces need it).
+fn root_or_skip(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    eprintln!("SKIPPED cli::{test}: local sandboxes need root");
+    false
+}
+
+#[test]
+fn demo_shows_injection_refusal_and_no_route_then_cleans_up() {
+    if !root_or_skip("demo") {
+        return;
+    }
+    let netns_before = std::fs::read_dir("/run/netns")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    let out = Command::new(BIN)
+        .arg("demo")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("DEMO_TOKEN=sgph_"), "{stdout}");
+    assert!(
+        stdout.contains("=> the secret was injected outside the sandbox"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("CONNECT tunnel failed, response 403"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\"code\":\"egress_denied\""), "{stdout}");
+    assert!(
+        stdout.contains("| exit 7"),
+        "the bypass should find no route: {stdout}"
+    );
+    assert!(stdout.contains("\"decision\":\"deny\""), "{stdout}");
+    assert!(stdout.contains("-> 200 OK"), "{stdout}");
+    let netns_after = std::fs::read_dir("/run/netns")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(
+        netns_after <= netns_before,
+        "the demo left a network namespace"
+    );
+}
+
+#[test]
+fn sandbox_exec_streams_output_and_exits_with_the_commands_code() {
+    if !root_or_skip("sandbox_exec") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let token = "cli-exec-token-0123456789";
+    let config = format!(
+        "{}[[api.tokens]]\ntoken = {token:?}\nprincipal = \"cli\"\nworkspace = \"ws\"\n",
+        base_config(dir.path())
+    );
+    let running = serve(dir.path(), &config, &[]);
+    let cli = |args: &[&str], stdin: Option<&[u8]>| {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env("SANDGATE_URL", format!("http://{}", running.api))
+            .env("SANDGATE_TOKEN", token)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(input) = stdin {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(input).unwrap();
+        }
+        drop(child.stdin.take());
+        child.wait_with_output().unwrap()
+    };
+    let created = cli(&["sandbox", "create"], None);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stdout)
+    );
+    let sandbox: serde_json::Value = serde_json::from_slice(&created.stdout).unwrap();
+    let id = sandbox["id"].as_str().unwrap();
+
+    let out = cli(
+        &[
+            "sandbox",
+            "exec",
+            id,
+            "--",
+            "sh",
+            "-c",
+            "echo hi; echo oops >&2; exit 3",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "oops\n");
+
+    // Binary files round-trip through the CLI.
+    let payload: Vec<u8> = (0..=255u8).collect();
+    let out = cli(
+        &["sandbox", "files", "write", id, "/home/user/b.bin"],
+        Some(&payload),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = cli(&["sandbox", "files", "read", id, "/home/user/b.bin"], None);
+    assert_eq!(out.stdout, payload);
+
+    // An API refusal is exit 125 with the JSON error on stderr.
+    let out = cli(&["sandbox", "exec", "sb-nope", "--", "true"], None);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
+
+    let out = cli(&["sandbox", "pause", id], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = cli(&["sandbox", "resume", id], None);
+    assert!(out.status.success());
+    let out = cli(&["sandbox", "delete", id], None);
+    assert!(out.status.success());
+}

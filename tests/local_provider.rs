@@ -839,3 +839,83 @@ async fn action_and_lifecycle_policy_refuse_before_anything_runs() {
     let (out, _, _) = env.sh(id, "echo alive").await;
     assert_eq!(out.trim(), "alive");
 }
+
+/// The cgroup file `name` of a local instance, under any controller mount.
+fn cgroup_file(instance: &str, name: &str) -> Option<PathBuf> {
+    fn walk(dir: &Path, instance: &str, name: &str, depth: usize) -> Option<PathBuf> {
+        if depth == 0 {
+            return None;
+        }
+        for entry in std::fs::read_dir(dir).ok()?.flatten() {
+            let path = entry.path();
+            if !entry.file_type().ok()?.is_dir() {
+                continue;
+            }
+            if path.ends_with(format!("sandgate-ltest/{instance}")) && path.join(name).exists() {
+                return Some(path.join(name));
+            }
+            if let Some(found) = walk(&path, instance, name, depth - 1) {
+                return Some(found);
+            }
+        }
+        None
+    }
+    walk(Path::new("/sys/fs/cgroup"), instance, name, 6)
+}
+
+#[tokio::test]
+async fn requested_memory_becomes_an_enforced_limit_or_the_pool_does_not_offer_it() {
+    let Some(env) = start("resources", vec![]).await else {
+        return;
+    };
+    let response = env
+        .http
+        .post(env.gw.api("/v1/sandboxes"))
+        .bearer_auth(TOKEN_A)
+        .json(&json!({"resources": {"memory_mb": 96}}))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    let v1 = Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
+    let v2_delegated = std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
+        .is_ok_and(|c| c.contains("memory"));
+    if !(v1 || v2_delegated) {
+        // Not enforceable here: the default pool does not declare memory, so nothing fits.
+        assert_eq!(status, 422, "{body}");
+        return;
+    }
+    assert_eq!(status, 201, "{body}");
+    let instance = instance_of(&body);
+    let file = cgroup_file(&instance, "memory.limit_in_bytes")
+        .or_else(|| cgroup_file(&instance, "memory.max"))
+        .expect("the sandbox's memory cgroup");
+    let limit: u64 = std::fs::read_to_string(&file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(limit, 96 * 1024 * 1024, "{}", file.display());
+    // And the kernel holds the sandbox to it.
+    let id = body["id"].as_str().unwrap();
+    let swap_off = std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() <= 1);
+    if swap_off && Path::new("/usr/bin/python3").exists() {
+        let events = env
+            .exec(
+                TOKEN_A,
+                id,
+                &[
+                    "/usr/bin/python3",
+                    "-c",
+                    "b = bytearray(400 * 1024 * 1024); print(len(b))",
+                ],
+            )
+            .await;
+        let exit = events.last().unwrap();
+        assert!(
+            exit["signal"] == 9 || exit["code"] != 0,
+            "allocating past the limit succeeded: {events:?}"
+        );
+    }
+}

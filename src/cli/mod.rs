@@ -58,6 +58,67 @@ pub enum SandboxCommand {
     },
     /// Delete a sandbox (its proxy identity is revoked at once).
     Delete { id: String },
+    /// Run a command in a sandbox: its output streams to this terminal's stdout and
+    /// stderr, and sandgate exits with the command's exit code (128+N when killed by signal
+    /// N, 124 on timeout, 125 when the API refused or failed).
+    Exec {
+        id: String,
+        /// Working directory inside the sandbox.
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Extra environment variable, `KEY=VALUE` (repeatable).
+        #[arg(long = "env", short = 'e')]
+        env: Vec<String>,
+        /// Kill the command after this many seconds.
+        #[arg(long)]
+        timeout: Option<u64>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// Stop a sandbox: every process is killed, files stay.
+    Stop { id: String },
+    /// Start a stopped sandbox.
+    Start { id: String },
+    /// Pause a sandbox (freeze every process).
+    Pause { id: String },
+    /// Resume a paused sandbox.
+    Resume { id: String },
+    /// Snapshot a sandbox's files (create from it with `"snapshot": "<id>"`).
+    Snapshot { id: String },
+    /// Files of a sandbox.
+    #[command(subcommand)]
+    Files(FilesCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FilesCommand {
+    /// Print a file's bytes on stdout.
+    Read { id: String, path: String },
+    /// Write a file from a local file (or standard input with `-`).
+    Write {
+        id: String,
+        path: String,
+        /// Local source; `-` for standard input.
+        #[arg(long, default_value = "-")]
+        from: PathBuf,
+    },
+    /// List a directory.
+    Ls { id: String, path: String },
+    /// Delete a file or (with `-r`) a directory tree.
+    Rm {
+        id: String,
+        path: String,
+        #[arg(short = 'r', long)]
+        recursive: bool,
+    },
+    /// Create a directory (with its parents with `-p`).
+    Mkdir {
+        id: String,
+        path: String,
+        #[arg(short = 'p', long)]
+        parents: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -184,6 +245,14 @@ pub fn sandbox(cmd: SandboxCommand) -> Result<i32, CliError> {
         .enable_all()
         .build()
         .map_err(|e| CliError::Usage(format!("cannot start the async runtime: {e}")))?;
+    let cmd_name = match &cmd {
+        SandboxCommand::Stop { .. } => Some("stop".to_string()),
+        SandboxCommand::Start { .. } => Some("start".to_string()),
+        SandboxCommand::Pause { .. } => Some("pause".to_string()),
+        SandboxCommand::Resume { .. } => Some("resume".to_string()),
+        SandboxCommand::Snapshot { .. } => Some("snapshot".to_string()),
+        _ => None,
+    };
     runtime.block_on(async move {
         let (status, body) = match cmd {
             SandboxCommand::Create {
@@ -255,8 +324,194 @@ pub fn sandbox(cmd: SandboxCommand) -> Result<i32, CliError> {
                 let url = format!("{}/v1/sandboxes/{id}", api.base);
                 api.send(api.http.delete(&url), &url).await?
             }
+            SandboxCommand::Exec {
+                id,
+                cwd,
+                env,
+                timeout,
+                argv,
+            } => return exec(&api, &id, cwd, env, timeout, argv).await,
+            SandboxCommand::Stop { id }
+            | SandboxCommand::Start { id }
+            | SandboxCommand::Pause { id }
+            | SandboxCommand::Resume { id }
+            | SandboxCommand::Snapshot { id } => {
+                let op = cmd_name.as_deref().unwrap_or_default();
+                let url = format!("{}/v1/sandboxes/{id}/{op}", api.base);
+                api.send(api.http.post(&url), &url).await?
+            }
+            SandboxCommand::Files(files) => return files_command(&api, files).await,
         };
         print(&body);
         Ok(if (200..300).contains(&status) { 0 } else { 1 })
     })
+}
+
+/// Exit status when the API refused or failed an exec (as `docker run` does).
+const EXEC_API_FAILURE: i32 = 125;
+
+async fn exec(
+    api: &Api,
+    id: &str,
+    cwd: Option<String>,
+    env: Vec<String>,
+    timeout: Option<u64>,
+    argv: Vec<String>,
+) -> Result<i32, CliError> {
+    use std::io::Write as _;
+    let mut vars = serde_json::Map::new();
+    for pair in &env {
+        let Some((k, v)) = pair.split_once('=') else {
+            return Err(CliError::Usage(format!(
+                "--env {pair:?}: expected KEY=VALUE"
+            )));
+        };
+        vars.insert(k.to_string(), Value::String(v.to_string()));
+    }
+    let mut body = serde_json::json!({"argv": argv, "env": vars, "cwd": cwd});
+    if let Some(secs) = timeout {
+        body["timeout_ms"] = Value::from(secs.saturating_mul(1000));
+    }
+    let url = format!("{}/v1/sandboxes/{id}/exec", api.base);
+    let err = |e: reqwest::Error| CliError::Http {
+        url: url.clone(),
+        message: e.to_string(),
+    };
+    // No overall timeout: a command may run for as long as it needs.
+    let http = reqwest::Client::new();
+    let mut resp = http
+        .post(&url)
+        .bearer_auth(&api.token)
+        .json(&body)
+        .send()
+        .await
+        .map_err(err)?;
+    if !resp.status().is_success() {
+        let text = resp.text().await.map_err(err)?;
+        eprintln!("{text}");
+        return Ok(EXEC_API_FAILURE);
+    }
+    let mut pending: Vec<u8> = Vec::new();
+    let mut code = EXEC_API_FAILURE;
+    while let Some(chunk) = resp.chunk().await.map_err(err)? {
+        pending.extend_from_slice(&chunk);
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let Ok(event) = serde_json::from_slice::<Value>(&line) else {
+                continue;
+            };
+            let bytes = || -> Vec<u8> {
+                if let Some(text) = event["text"].as_str() {
+                    return text.as_bytes().to_vec();
+                }
+                use base64::Engine as _;
+                event["base64"]
+                    .as_str()
+                    .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                    .unwrap_or_default()
+            };
+            match event["type"].as_str() {
+                Some("stdout") => {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(&bytes());
+                    let _ = out.flush();
+                }
+                Some("stderr") => {
+                    let mut out = std::io::stderr().lock();
+                    let _ = out.write_all(&bytes());
+                    let _ = out.flush();
+                }
+                Some("exit") => {
+                    code = match (
+                        event["reason"].as_str(),
+                        event["code"].as_i64(),
+                        event["signal"].as_i64(),
+                    ) {
+                        (Some("timed_out"), _, _) => 124,
+                        (_, Some(c), _) => c as i32,
+                        (_, None, Some(sig)) => 128 + sig as i32,
+                        _ => EXEC_API_FAILURE,
+                    };
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(code)
+}
+
+async fn files_command(api: &Api, cmd: FilesCommand) -> Result<i32, CliError> {
+    use std::io::Write as _;
+    let base = |id: &str, what: &str, path: &str| {
+        format!(
+            "{}/v1/sandboxes/{id}/{what}?path={}",
+            api.base,
+            encode(path)
+        )
+    };
+    let (status, body) = match cmd {
+        FilesCommand::Read { id, path } => {
+            let url = base(&id, "files/content", &path);
+            let err = |e: reqwest::Error| CliError::Http {
+                url: url.clone(),
+                message: e.to_string(),
+            };
+            let resp = api
+                .http
+                .get(&url)
+                .bearer_auth(&api.token)
+                .send()
+                .await
+                .map_err(err)?;
+            let status = resp.status().as_u16();
+            let bytes = resp.bytes().await.map_err(err)?;
+            if (200..300).contains(&status) {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(&bytes);
+                let _ = out.flush();
+                return Ok(0);
+            }
+            eprintln!("{}", String::from_utf8_lossy(&bytes));
+            return Ok(1);
+        }
+        FilesCommand::Write { id, path, from } => {
+            let data = if from.as_os_str() == "-" {
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).map_err(|source| {
+                    CliError::Read {
+                        path: from.clone(),
+                        source,
+                    }
+                })?;
+                buf
+            } else {
+                std::fs::read(&from).map_err(|source| CliError::Read {
+                    path: from.clone(),
+                    source,
+                })?
+            };
+            let url = base(&id, "files/content", &path);
+            api.send(api.http.put(&url).body(data), &url).await?
+        }
+        FilesCommand::Ls { id, path } => {
+            let url = base(&id, "files", &path);
+            api.send(api.http.get(&url), &url).await?
+        }
+        FilesCommand::Rm {
+            id,
+            path,
+            recursive,
+        } => {
+            let url = format!("{}&recursive={recursive}", base(&id, "files", &path));
+            api.send(api.http.delete(&url), &url).await?
+        }
+        FilesCommand::Mkdir { id, path, parents } => {
+            let url = format!("{}&parents={parents}", base(&id, "files/mkdir", &path));
+            api.send(api.http.post(&url), &url).await?
+        }
+    };
+    if body != Value::String(String::new()) {
+        print(&body);
+    }
+    Ok(if (200..300).contains(&status) { 0 } else { 1 })
 }

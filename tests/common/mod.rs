@@ -397,8 +397,8 @@ impl Gateway {
             // Local sandboxes (the default pool) live in the test's directory too.
             toml.push_str(&format!(
                 "[local]\ndir = {:?}\nsnapshot_dir = {:?}\n",
-                dir.path().join("data/sandboxes").display().to_string(),
-                dir.path().join("data/snapshots").display().to_string()
+                dir.path().join("local/sandboxes").display().to_string(),
+                dir.path().join("local/snapshots").display().to_string()
             ));
         }
         toml.push_str(&options.extra_toml);
