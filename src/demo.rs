@@ -254,19 +254,33 @@ impl Demo<'_> {
         if !status.is_success() {
             return Err(DemoError::Step(format!("exec answered {status}: {text}")));
         }
+        // Each stream is cut into whole lines before the two are interleaved: a program may
+        // write one line to stderr in several pieces.
         let mut output = String::new();
+        let mut partial = [String::new(), String::new()];
         let mut code = -1;
         for line in text.lines() {
             let Ok(event) = serde_json::from_str::<Value>(line) else {
                 continue;
             };
-            match event["type"].as_str() {
-                Some("stdout" | "stderr") => {
-                    output.push_str(event["text"].as_str().unwrap_or_default())
+            let stream = match event["type"].as_str() {
+                Some("stdout") => 0,
+                Some("stderr") => 1,
+                Some("exit") => {
+                    code = event["code"].as_i64().unwrap_or(-1);
+                    continue;
                 }
-                Some("exit") => code = event["code"].as_i64().unwrap_or(-1),
-                _ => {}
+                _ => continue,
+            };
+            partial[stream].push_str(event["text"].as_str().unwrap_or_default());
+            while let Some(end) = partial[stream].find('\n') {
+                let line: String = partial[stream].drain(..=end).collect();
+                output.push_str(&line);
             }
+        }
+        for rest in partial.iter().filter(|p| !p.is_empty()) {
+            output.push_str(rest);
+            output.push('\n');
         }
         for line in output.lines() {
             println!("   | {line}");

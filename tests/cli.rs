@@ -464,24 +464,11 @@ mod reqwest {
     }
 }
 
-/// Root, for the tests that run local sandboxes (namespaces need it).
-fn root_or_skip(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    eprintln!("SKIPPED cli::{test}: local sandboxes need root");
-    false
-}
-
 #[test]
 fn demo_shows_injection_refusal_and_no_route_then_cleans_up() {
-    if !root_or_skip("demo") {
+    if !root_or_skip("cli::demo") {
         return;
     }
-    let netns_before = std::fs::read_dir("/run/netns")
-        .map(|d| d.count())
-        .unwrap_or(0);
     let out = Command::new(BIN)
         .arg("demo")
         .env_remove("RUST_LOG")
@@ -509,18 +496,23 @@ fn demo_shows_injection_refusal_and_no_route_then_cleans_up() {
     );
     assert!(stdout.contains("\"decision\":\"deny\""), "{stdout}");
     assert!(stdout.contains("-> 200 OK"), "{stdout}");
-    let netns_after = std::fs::read_dir("/run/netns")
-        .map(|d| d.count())
-        .unwrap_or(0);
+    let instance = stdout
+        .split("(instance ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .expect("the demo names its instance");
+    assert!(instance.starts_with("lb-"), "{instance}");
     assert!(
-        netns_after <= netns_before,
-        "the demo left a network namespace"
+        !Path::new("/run/netns")
+            .join(format!("sg-{instance}"))
+            .exists(),
+        "the demo left its network namespace"
     );
 }
 
 #[test]
 fn sandbox_exec_streams_output_and_exits_with_the_commands_code() {
-    if !root_or_skip("sandbox_exec") {
+    if !root_or_skip("cli::sandbox_exec") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

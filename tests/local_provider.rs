@@ -2,9 +2,8 @@
 //! on the embedded default pool (`kind = "local"`), real namespaces, real `curl` and
 //! `python3` inside them, a real HTTPS origin outside, reqwest as the API client.
 //!
-//! Needs root (network, PID and mount namespaces, cgroups): [`root_or_skip`] is the one
-//! place that decides, and every test prints a skip line and returns without it. `.ci/run`
-//! runs as root, so CI runs them.
+//! Needs root (network, PID and mount namespaces, cgroups): `common::unprivileged` is the
+//! one place that decides, and every test prints a skip line and returns without it.
 
 mod common;
 
@@ -18,22 +17,6 @@ const TOKEN_A: &str = "api-token-ws-a-local-0123456789";
 const TOKEN_B: &str = "api-token-ws-b-local-0123456789";
 const SECRET: &str = "ghp_local_provider_real_secret_4242";
 
-/// Why these tests cannot run here, if they cannot.
-fn root_or_skip(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
-        .iter()
-        .any(|p| Path::new(p).exists());
-    if root && ip {
-        return true;
-    }
-    eprintln!(
-        "SKIPPED local_provider::{test}: needs root and iproute2 (local sandboxes use namespaces)"
-    );
-    false
-}
-
 struct Env {
     gw: Gateway,
     http: reqwest::Client,
@@ -42,7 +25,7 @@ struct Env {
 }
 
 async fn start(test: &str, extra_policies: Vec<(&'static str, String)>) -> Option<Env> {
-    if !root_or_skip(test) {
+    if !root_or_skip(&format!("local_provider::{test}")) {
         return None;
     }
     init();

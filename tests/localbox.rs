@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use bytes::Bytes;
+mod common;
+
+use common::{unprivileged, which};
 use sandgate::localbox::{
     CgroupMode, EntryKind, ExecEvent, ExecRequest, ExitReason, Limits, LocalRuntime, LocalboxError,
     RuntimeConfig, SandboxSpec, SandboxStatus, CA_ENV_VARS,
@@ -21,29 +24,6 @@ use tokio::sync::mpsc;
 const PROXY: &str = "http://sb-user:s3cret-token@127.0.0.1:3128";
 const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBtest\n-----END CERTIFICATE-----\n";
 const STUB_BODY: &str = "hello from the gateway";
-
-/// Why the tests cannot run here, if they cannot (checked once).
-fn unprivileged() -> Option<&'static str> {
-    static REASON: OnceLock<Option<&'static str>> = OnceLock::new();
-    *REASON.get_or_init(|| {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            Some("not running as root")
-        } else if !Path::new("/run").exists() || which("ip").is_none() {
-            Some("iproute2 (`ip netns`) is not available")
-        } else {
-            None
-        }
-    })
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var("PATH")
-        .ok()?
-        .split(':')
-        .map(|d| Path::new(d).join(tool))
-        .find(|p| p.is_file())
-}
 
 /// A runtime over a fresh base directory, or `None` (with a skip message) without root.
 fn runtime(test: &str, extra: Vec<PathBuf>) -> Option<(Arc<LocalRuntime>, tempfile::TempDir)> {

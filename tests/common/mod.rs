@@ -26,6 +26,42 @@ use sandgate::server::Server;
 
 pub const TOKEN: &str = "tok-0123456789abcdef";
 
+/// The one place that decides whether tests needing root can run here (local sandboxes use
+/// network, PID and mount namespaces and cgroups): `None` when they can, else why not.
+/// `.ci/run` runs the suite as root, so CI runs them; elsewhere they print a skip line.
+pub fn unprivileged() -> Option<&'static str> {
+    static REASON: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    *REASON.get_or_init(|| {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            Some("not running as root")
+        } else if !Path::new("/run").exists() || which("ip").is_none() {
+            Some("iproute2 (`ip netns`) is not available")
+        } else {
+            None
+        }
+    })
+}
+
+/// `true` when a root-only test can run; otherwise prints why it is skipped.
+pub fn root_or_skip(test: &str) -> bool {
+    match unprivileged() {
+        None => true,
+        Some(reason) => {
+            eprintln!("SKIPPED {test}: needs root and network namespaces ({reason})");
+            false
+        }
+    }
+}
+
+pub fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var("PATH")
+        .ok()?
+        .split(':')
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.is_file())
+}
+
 pub fn init() {
     sandgate::tls::install_default_provider();
 }
