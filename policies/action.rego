@@ -19,6 +19,14 @@ allow if input.principal.workspace == input.workspace
 
 allow if "admin" in input.principal.roles
 
+# A suspended principal loses its authority at once, including what it delegated (for a
+# delegated token, `input.principal` is the delegator).
+deny contains msg if {
+	some suspended in data.sandgate.suspended_principals
+	suspended == input.principal.principal
+	msg := sprintf("principal %s is suspended", [input.principal.principal])
+}
+
 deny contains msg if {
 	input.principal.workspace != input.workspace
 	not "admin" in input.principal.roles

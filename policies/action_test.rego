@@ -40,3 +40,11 @@ test_blocked_program_denied if {
 	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "exec")
 		with data.sandgate.workspaces as {"ws-a": {"blocked_programs": ["wget"]}}
 }
+
+test_suspended_principal_denied_even_through_a_delegation if {
+	delegated := object.union(act("ws-a", [], "ws-a", "exec"), {"delegation": {"id": "dg-1", "agent": "bot", "actions": ["exec"]}})
+	count(action.deny) == 1 with input as delegated
+		with data.sandgate.suspended_principals as ["alice"]
+	count(action.deny) == 0 with input as delegated
+		with data.sandgate.suspended_principals as ["bob"]
+}

@@ -902,3 +902,178 @@ async fn requested_memory_becomes_an_enforced_limit_or_the_pool_does_not_offer_i
         );
     }
 }
+
+#[tokio::test]
+async fn a_delegated_exec_token_execs_but_nothing_else_and_dies_with_its_delegators_authority() {
+    let Some(env) = start("delegation", vec![]).await else {
+        return;
+    };
+    let sandbox = env.create(TOKEN_A, json!({})).await;
+    let id = sandbox["id"].as_str().unwrap();
+    let other = env.create(TOKEN_A, json!({})).await;
+    let other_id = other["id"].as_str().unwrap();
+    let mint = |actions: Value| {
+        env.http
+            .post(env.gw.api(&format!("/v1/sandboxes/{id}/delegations")))
+            .bearer_auth(TOKEN_A)
+            .json(&json!({"agent": "build-bot", "actions": actions, "ttl_secs": 600}))
+            .send()
+    };
+    let response = mint(json!(["exec"])).await.unwrap();
+    assert_eq!(response.status(), 201);
+    let minted: Value = response.json().await.unwrap();
+    let token = minted["token"].as_str().unwrap().to_string();
+    let delegation_id = minted["delegation"]["id"].as_str().unwrap().to_string();
+    assert!(token.starts_with("sgd_"));
+
+    // It can exec...
+    let events = env.exec(&token, id, &["sh", "-c", "echo as-agent"]).await;
+    assert!(
+        events.iter().any(|e| e["text"] == "as-agent\n"),
+        "{events:?}"
+    );
+    // ...but not read files, stop, exec elsewhere, delete, create or delegate further.
+    let status = |r: reqwest::Response| r.status().as_u16();
+    let read = env
+        .http
+        .get(env.gw.api(&format!(
+            "/v1/sandboxes/{id}/files/content?path=/etc/hostname"
+        )))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(read), 403);
+    let (code, body) = env.post(&token, &format!("/v1/sandboxes/{id}/stop")).await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (403, Some("delegation_scope"))
+    );
+    let elsewhere = env
+        .http
+        .post(env.gw.api(&format!("/v1/sandboxes/{other_id}/exec")))
+        .bearer_auth(&token)
+        .json(&json!({"argv": ["true"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(elsewhere), 403);
+    let delete = env
+        .http
+        .delete(env.gw.api(&format!("/v1/sandboxes/{id}")))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(delete), 403);
+    let create = env
+        .http
+        .post(env.gw.api("/v1/sandboxes"))
+        .bearer_auth(&token)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(create), 403);
+    let further = env
+        .http
+        .post(env.gw.api(&format!("/v1/sandboxes/{id}/delegations")))
+        .bearer_auth(&token)
+        .json(&json!({"agent": "x", "actions": ["exec"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(further), 403);
+    // Another workspace's principal cannot mint on this sandbox.
+    let foreign = env
+        .http
+        .post(env.gw.api(&format!("/v1/sandboxes/{id}/delegations")))
+        .bearer_auth(TOKEN_B)
+        .json(&json!({"agent": "x", "actions": ["exec"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(foreign), 404);
+
+    // Suspending the delegator (policy data, reloaded) ends the delegation at its next use.
+    std::fs::write(
+        env.gw.policy_dir.join("data.json"),
+        json!({"sandgate": {"suspended_principals": ["alice"]}}).to_string(),
+    )
+    .unwrap();
+    let mut refused = None;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let response = env
+            .http
+            .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
+            .bearer_auth(&token)
+            .json(&json!({"argv": ["true"]}))
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 403 {
+            refused = Some(response.json::<Value>().await.unwrap());
+            break;
+        }
+        let _ = response.text().await;
+    }
+    let refused = refused.expect("the suspended delegator's delegation kept working");
+    assert_eq!(refused["error"]["code"], "policy_denied");
+    assert!(refused["error"]["details"]["reasons"][0]
+        .as_str()
+        .unwrap()
+        .contains("alice is suspended"));
+    // A suspended delegator cannot mint either.
+    assert_eq!(mint(json!(["exec"])).await.unwrap().status(), 403);
+
+    // Lift the suspension: the token works again until it is revoked, then never.
+    std::fs::write(env.gw.policy_dir.join("data.json"), "{}").unwrap();
+    let mut works = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let response = env
+            .http
+            .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
+            .bearer_auth(&token)
+            .json(&json!({"argv": ["true"]}))
+            .send()
+            .await
+            .unwrap();
+        works = response.status() == 200;
+        let _ = response.text().await;
+        if works {
+            break;
+        }
+    }
+    assert!(works);
+    let response = env
+        .http
+        .delete(env.gw.api(&format!("/v1/delegations/{delegation_id}")))
+        .bearer_auth(TOKEN_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 204);
+    let response = env
+        .http
+        .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
+        .bearer_auth(&token)
+        .json(&json!({"argv": ["true"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    let listed: Value = env
+        .http
+        .get(env.gw.api(&format!("/v1/sandboxes/{id}/delegations")))
+        .bearer_auth(TOKEN_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(listed["delegations"][0]["revoked_ms"].is_i64(), "{listed}");
+    assert!(!listed.to_string().contains(&token), "a token was listed");
+}

@@ -1,5 +1,11 @@
 //! API callers: `Authorization: Bearer <token>` → a principal in a workspace with roles.
 //! Tokens come from `[[api.tokens]]`. With none configured, every `/v1` call is refused.
+//!
+//! A delegated capability token (`sgd_…`, minted through `api::delegations`) authenticates
+//! as its delegator *as the delegator is now* (roles re-read at every use), narrowed to
+//! some actions on one sandbox. Only the sandbox-operation endpoints accept it
+//! ([`ActionCaller`]); every other endpoint refuses it ([`Caller`]), so a delegation can
+//! never reach further than what it names.
 
 use std::sync::Arc;
 
@@ -17,7 +23,23 @@ pub struct Principal {
     pub principal: String,
     pub workspace: String,
     pub roles: Vec<String>,
+    /// Set when the caller is an agent holding a delegated capability of this principal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delegation: Option<DelegationScope>,
 }
+
+/// What a delegated token may do.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DelegationScope {
+    pub id: String,
+    pub agent: String,
+    pub sandbox_id: String,
+    pub actions: Vec<String>,
+    pub expires_ms: i64,
+}
+
+/// Prefix of delegated capability tokens.
+pub const DELEGATION_TOKEN_PREFIX: &str = "sgd_";
 
 impl Principal {
     pub fn is_admin(&self) -> bool {
@@ -69,6 +91,7 @@ impl ApiAuth {
                     principal: t.principal.clone(),
                     workspace: t.workspace.clone(),
                     roles: t.roles.clone(),
+                    delegation: None,
                 }),
             ));
         }
@@ -91,6 +114,105 @@ impl ApiAuth {
         }
         found
     }
+
+    /// The principal as configured now (a delegation's authority is re-read at each use).
+    pub fn principal_named(&self, principal: &str, workspace: &str) -> Option<Arc<Principal>> {
+        self.tokens
+            .iter()
+            .map(|(_, p)| p)
+            .find(|p| p.principal == principal && p.workspace == workspace)
+            .cloned()
+    }
+}
+
+fn bearer(header: Option<&HeaderValue>) -> Option<&str> {
+    let value = header?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+fn unauthenticated(message: &str) -> Response {
+    let mut response = ErrorReply::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthenticated",
+        message.to_string(),
+    )
+    .into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"sandgate\""),
+    );
+    response
+}
+
+/// Resolves a delegated token: live (not expired, not revoked) and its delegator still
+/// configured; the principal returned carries the delegator's current roles.
+async fn delegated(state: &super::ApiState, token: &str) -> Result<Arc<Principal>, Response> {
+    let hash = crate::api::delegations::token_hash(token);
+    let row = match state
+        .sandboxes
+        .store()
+        .delegation_by_token_hash(&hash)
+        .await
+    {
+        Ok(Some(row)) => row,
+        Ok(None) => return Err(unauthenticated("unknown delegated token")),
+        Err(e) => {
+            return Err(ErrorReply::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                e.to_string(),
+            )
+            .into_response())
+        }
+    };
+    if row.revoked_ms.is_some() {
+        return Err(unauthenticated("this delegated token was revoked"));
+    }
+    if crate::create::now_ms() >= row.expires_ms {
+        return Err(unauthenticated("this delegated token has expired"));
+    }
+    let Some(delegator) = state.auth.principal_named(&row.delegator, &row.workspace) else {
+        return Err(unauthenticated(
+            "the principal that delegated this token no longer exists",
+        ));
+    };
+    Ok(Arc::new(Principal {
+        principal: delegator.principal.clone(),
+        workspace: delegator.workspace.clone(),
+        roles: delegator.roles.clone(),
+        delegation: Some(DelegationScope {
+            id: row.id,
+            agent: row.agent,
+            sandbox_id: row.sandbox_id,
+            actions: row.actions,
+            expires_ms: row.expires_ms,
+        }),
+    }))
+}
+
+/// Like [`Caller`], and also accepts delegated tokens (for sandbox operations only).
+pub struct ActionCaller(pub Arc<Principal>);
+
+impl FromRequestParts<super::ApiState> for ActionCaller {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &super::ApiState,
+    ) -> Result<Self, Self::Rejection> {
+        let header = parts.headers.get(header::AUTHORIZATION);
+        match bearer(header) {
+            Some(token) if token.starts_with(DELEGATION_TOKEN_PREFIX) => {
+                delegated(state, token).await.map(ActionCaller)
+            }
+            _ => Caller::from_request_parts(parts, state)
+                .await
+                .map(|Caller(p)| ActionCaller(p)),
+        }
+    }
 }
 
 impl IntoResponse for ErrorReply {
@@ -109,24 +231,20 @@ impl FromRequestParts<super::ApiState> for Caller {
         parts: &mut Parts,
         state: &super::ApiState,
     ) -> Result<Self, Self::Rejection> {
-        match state
-            .auth
-            .authenticate(parts.headers.get(header::AUTHORIZATION))
-        {
+        let header = parts.headers.get(header::AUTHORIZATION);
+        if bearer(header).is_some_and(|t| t.starts_with(DELEGATION_TOKEN_PREFIX)) {
+            return Err(ErrorReply::new(
+                StatusCode::FORBIDDEN,
+                "delegation_scope",
+                "a delegated token may only perform the actions it names on its sandbox",
+            )
+            .into_response());
+        }
+        match state.auth.authenticate(header) {
             Some(principal) => Ok(Caller(principal)),
-            None => {
-                let mut response = ErrorReply::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthenticated",
-                    "send Authorization: Bearer <token> with a token from [[api.tokens]]",
-                )
-                .into_response();
-                response.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer realm=\"sandgate\""),
-                );
-                Err(response)
-            }
+            None => Err(unauthenticated(
+                "send Authorization: Bearer <token> with a token from [[api.tokens]]",
+            )),
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod body;
 pub mod credentials;
+pub mod delegations;
 pub mod identities;
 pub mod routes;
 pub mod sandbox_ops;
@@ -47,6 +48,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(identities::routes())
         .merge(sandboxes::routes())
         .merge(sandbox_ops::routes())
+        .merge(delegations::routes())
         .merge(routes::routes())
         .fallback(not_found)
         .with_state(state)

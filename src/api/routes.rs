@@ -96,9 +96,12 @@ pub async fn explain(
         super::sandbox_ops::resume,
         super::sandbox_ops::snapshot,
         super::sandbox_ops::delete_snapshot,
+        super::delegations::mint,
+        super::delegations::list,
+        super::delegations::revoke,
         explain,
     ),
-    components(schemas(super::sandbox_ops::ExecBody)),
+    components(schemas(super::sandbox_ops::ExecBody, super::delegations::MintBody)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;

@@ -35,7 +35,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::auth::{Caller, Principal};
+use super::auth::{ActionCaller, Principal};
 use super::body::JsonBody;
 use super::ApiState;
 use crate::create::Located;
@@ -132,6 +132,20 @@ pub(crate) async fn authorize(
     detail: Value,
     states: &[&str],
 ) -> Result<(Located, Arc<dyn Provider>), ErrorReply> {
+    if let Some(d) = &caller.delegation {
+        if d.sandbox_id != id || !d.actions.iter().any(|a| a == operation) {
+            return Err(ErrorReply::new(
+                StatusCode::FORBIDDEN,
+                "delegation_scope",
+                format!(
+                    "this delegated token allows {} on sandbox {}, not {operation} on {id}",
+                    d.actions.join(", "),
+                    d.sandbox_id
+                ),
+            )
+            .with_details(json!({"delegation": d.id, "operation": operation})));
+        }
+    }
     let located = match state.sandboxes.locate(id).await? {
         Some(l) if caller.may_manage(&l.row.workspace) => l,
         _ => return Err(not_found(id)),
@@ -158,6 +172,12 @@ pub(crate) async fn authorize(
         },
         "exec": null,
         "file": null,
+        "delegation": caller.delegation.as_ref().map(|d| json!({
+            "id": d.id,
+            "agent": d.agent,
+            "actions": d.actions,
+            "expires_ms": d.expires_ms,
+        })),
     });
     if let (Some(object), Some(extra)) = (input.as_object_mut(), detail.as_object()) {
         for (k, v) in extra {
@@ -209,6 +229,17 @@ fn instance(located: &Located) -> &str {
 }
 
 const LIVE: &[&str] = &["running", "paused", "stopped"];
+/// Every state (for decisions that do not act on the instance, such as minting).
+pub(crate) const ANY_STATE: &[&str] = &[
+    "pending",
+    "provisioning",
+    "reconciling",
+    "running",
+    "paused",
+    "stopped",
+    "failed",
+    "deleted",
+];
 
 // ------------------------------------------------------------------------------ exec
 
@@ -244,7 +275,7 @@ pub struct ExecBody {
 )]
 pub async fn exec(
     State(state): State<ApiState>,
-    Caller(caller): Caller,
+    ActionCaller(caller): ActionCaller,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<ExecBody>,
 ) -> Response {
@@ -376,7 +407,7 @@ fn chunk(stream: &str, bytes: &[u8]) -> Bytes {
 )]
 pub async fn cancel(
     State(state): State<ApiState>,
-    Caller(caller): Caller,
+    ActionCaller(caller): ActionCaller,
     Path((id, exec_id)): Path<(String, String)>,
 ) -> Response {
     let detail = json!({"exec": {"exec_id": exec_id}});
@@ -467,7 +498,7 @@ where
 )]
 pub async fn read_file(
     State(state): State<ApiState>,
-    Caller(caller): Caller,
+    ActionCaller(caller): ActionCaller,
     Path(id): Path<String>,
     q: PathParam,
 ) -> Response {
@@ -493,7 +524,7 @@ pub async fn read_file(
 )]
 pub async fn write_file(
     State(state): State<ApiState>,
-    Caller(caller): Caller,
+    ActionCaller(caller): ActionCaller,
     Path(id): Path<String>,
     q: PathParam,
     body: Bytes,
@@ -520,7 +551,7 @@ pub async fn write_file(
 )]
 pub async fn list_dir(
     State(state): State<ApiState>,
-    Caller(caller): Caller,
+    ActionCaller(caller): ActionCaller,
     Path(id): Path<String>,
     q: PathParam,
 ) -> Response {
@@ -546,7 +577,7 @@ pub async fn list_dir(
 )]
 pub async fn remove_path(
     State(state): State<ApiState>,
-    Caller(caller): Caller,
+    ActionCaller(caller): ActionCaller,
     Path(id): Path<String>,
     q: PathParam,
 ) -> Response {
@@ -571,7 +602,7 @@ pub async fn remove_path(
 )]
 pub async fn mkdir(
     State(state): State<ApiState>,
-    Caller(caller): Caller,
+    ActionCaller(caller): ActionCaller,
     Path(id): Path<String>,
     q: PathParam,
 ) -> Response {
@@ -640,7 +671,7 @@ macro_rules! lifecycle_route {
                 )]
         pub async fn $name(
             State(state): State<ApiState>,
-            Caller(caller): Caller,
+            ActionCaller(caller): ActionCaller,
             Path(id): Path<String>,
         ) -> Response {
             transition(state, caller, id, $op).await
@@ -684,7 +715,7 @@ lifecycle_route!(
 )]
 pub async fn snapshot(
     State(state): State<ApiState>,
-    Caller(caller): Caller,
+    ActionCaller(caller): ActionCaller,
     Path(id): Path<String>,
 ) -> Response {
     let result = async {
@@ -742,7 +773,7 @@ pub async fn snapshot(
 )]
 pub async fn delete_snapshot(
     State(state): State<ApiState>,
-    Caller(caller): Caller,
+    ActionCaller(caller): ActionCaller,
     Path(snapshot_id): Path<String>,
 ) -> Response {
     let store = state.sandboxes.store();

@@ -198,19 +198,16 @@ pub async fn remove(
     Path(id): Path<String>,
 ) -> Response {
     // Any state may be deleted (a failed create included); policy still decides.
-    const ANY: &[&str] = &[
-        "pending",
-        "provisioning",
-        "reconciling",
-        "running",
-        "paused",
-        "stopped",
-        "failed",
-        "deleted",
-    ];
-    let authorized =
-        super::sandbox_ops::authorize(&state, &caller, &id, "lifecycle", "delete", json!({}), ANY)
-            .await;
+    let authorized = super::sandbox_ops::authorize(
+        &state,
+        &caller,
+        &id,
+        "lifecycle",
+        "delete",
+        json!({}),
+        super::sandbox_ops::ANY_STATE,
+    )
+    .await;
     match authorized {
         Ok(_) => {}
         // Not yet placed: no adapter, nothing to ask the provider; deleting is still allowed.

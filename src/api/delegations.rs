@@ -1,0 +1,253 @@
+//! Delegated capabilities: a principal mints a token that lets an agent perform some of the
+//! principal's own actions on one sandbox, until a deadline.
+//!
+//! - `POST /v1/sandboxes/{id}/delegations` `{"agent", "actions": [...], "ttl_secs"}` answers
+//!   201 with the token (`sgd_…`, shown only here). Every action must be one the delegator
+//!   may perform on that sandbox *now* (the same policy layer as the action itself
+//!   decides); otherwise 403 and nothing is minted.
+//! - The token is accepted only by that sandbox's operation endpoints, only for the named
+//!   actions (else 403 `delegation_scope`). At each use the delegator's current authority is
+//!   re-read (its configured roles) and the action's policy layer decides again, with
+//!   `input.principal` the delegator and `input.delegation` the delegation; so a delegation
+//!   never exceeds what its delegator may do at that moment.
+//! - `DELETE /v1/delegations/{id}` revokes at once (every use reads the store); expiry is
+//!   checked at every use too. `GET /v1/sandboxes/{id}/delegations` lists them, never the
+//!   tokens. Only the token's SHA-256 is stored.
+//! - Delegable: `exec`, `files.read`, `files.write`, `files.list`, `files.delete`,
+//!   `files.mkdir`, `stop`, `start`, `pause`, `resume`, `snapshot`. Deleting the sandbox,
+//!   creating sandboxes, credentials and delegating further are not.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::auth::{Caller, DELEGATION_TOKEN_PREFIX};
+use super::body::JsonBody;
+use super::ApiState;
+use crate::error::ErrorReply;
+use crate::store::delegations::DelegationRow;
+
+/// Action-layer operations a delegation may carry.
+pub const ACTION_OPERATIONS: &[&str] = &[
+    "exec",
+    "files.read",
+    "files.write",
+    "files.list",
+    "files.delete",
+    "files.mkdir",
+];
+/// Lifecycle-layer operations a delegation may carry.
+pub const LIFECYCLE_OPERATIONS: &[&str] = &["stop", "start", "pause", "resume", "snapshot"];
+/// Longest delegation.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/v1/sandboxes/{id}/delegations", post(mint).get(list))
+        .route("/v1/delegations/{delegation_id}", delete(revoke))
+}
+
+/// The stored form of a token.
+pub fn token_hash(token: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The policy layer that decides an operation.
+pub fn layer_of(operation: &str) -> Option<&'static str> {
+    if ACTION_OPERATIONS.contains(&operation) {
+        Some("action")
+    } else if LIFECYCLE_OPERATIONS.contains(&operation) {
+        Some("lifecycle")
+    } else {
+        None
+    }
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MintBody {
+    /// Who the token is for (recorded, shown in decision inputs).
+    agent: String,
+    /// The operations the agent may perform, e.g. `["exec"]`.
+    actions: Vec<String>,
+    /// Lifetime in seconds (default 3600, at most 7 days).
+    ttl_secs: Option<u64>,
+}
+
+/// Mint a delegated capability for one sandbox.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/delegations",
+    tag = "delegations",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body(content = MintBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "{delegation, token}: the token is shown only here", body = Object),
+        (status = 400, description = "invalid_request"),
+        (status = 403, description = "policy_denied: the delegator may not perform one of the actions itself"),
+        (status = 404, description = "not_found"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn mint(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<MintBody>,
+) -> Response {
+    let invalid = |field: &str, message: String| {
+        ErrorReply::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+            .with_details(json!({"field": field}))
+            .into_response()
+    };
+    if body.agent.trim().is_empty() || body.agent.len() > 128 {
+        return invalid("agent", "`agent` must be 1 to 128 characters".into());
+    }
+    if body.actions.is_empty() {
+        return invalid(
+            "actions",
+            "`actions` must name at least one operation".into(),
+        );
+    }
+    let ttl = Duration::from_secs(body.ttl_secs.unwrap_or(3600));
+    if ttl.is_zero() || ttl > MAX_TTL {
+        return invalid("ttl_secs", "`ttl_secs` must be between 1 and 604800".into());
+    }
+    let mut actions = Vec::new();
+    for (i, action) in body.actions.iter().enumerate() {
+        let Some(layer) = layer_of(action) else {
+            return invalid(
+                &format!("actions[{i}]"),
+                format!(
+                    "`actions[{i}]`: not a delegable operation; use {} or {}",
+                    ACTION_OPERATIONS.join(", "),
+                    LIFECYCLE_OPERATIONS.join(", ")
+                ),
+            );
+        };
+        // The delegator must hold the authority it hands on, now.
+        if let Err(e) = super::sandbox_ops::authorize(
+            &state,
+            &caller,
+            &id,
+            layer,
+            action,
+            json!({}),
+            super::sandbox_ops::ANY_STATE,
+        )
+        .await
+        {
+            return e.into_response();
+        }
+        if !actions.contains(action) {
+            actions.push(action.clone());
+        }
+    }
+    let token = format!("{DELEGATION_TOKEN_PREFIX}{}", crate::create::random_hex(24));
+    let now = crate::create::now_ms();
+    let row = DelegationRow {
+        id: format!("dg-{}", crate::create::random_hex(8)),
+        token_hash: token_hash(&token),
+        sandbox_id: id.clone(),
+        workspace: caller.workspace.clone(),
+        delegator: caller.principal.clone(),
+        agent: body.agent.clone(),
+        actions,
+        created_ms: now,
+        expires_ms: now + ttl.as_millis() as i64,
+        revoked_ms: None,
+    };
+    if let Err(e) = state.sandboxes.store().insert_delegation(&row).await {
+        return ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            .into_response();
+    }
+    tracing::info!(sandbox = %id, delegation = %row.id, agent = %row.agent, actions = ?row.actions, principal = %caller.principal, "delegation minted");
+    (
+        StatusCode::CREATED,
+        Json(json!({"delegation": row, "token": token})),
+    )
+        .into_response()
+}
+
+/// The delegations of a sandbox (never their tokens).
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/delegations",
+    tag = "delegations",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "{delegations: [...]}", body = Object)),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Response {
+    match state.sandboxes.locate(&id).await {
+        Ok(Some(l)) if caller.may_manage(&l.row.workspace) => {}
+        Ok(_) => {
+            return ErrorReply::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no sandbox {id:?} in your workspace"),
+            )
+            .into_response()
+        }
+        Err(e) => return e.into_response(),
+    }
+    match state.sandboxes.store().list_delegations(&id).await {
+        Ok(rows) => Json(json!({"delegations": rows})).into_response(),
+        Err(e) => ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            .into_response(),
+    }
+}
+
+/// Revoke a delegation; its token stops working at once.
+#[utoipa::path(
+    delete,
+    path = "/v1/delegations/{delegation_id}",
+    tag = "delegations",
+    params(("delegation_id" = String, Path, description = "Delegation id")),
+    responses((status = 204, description = "Revoked"), (status = 404, description = "not_found")),
+    security(("bearer" = []))
+)]
+pub async fn revoke(
+    State(state): State<ApiState>,
+    Caller(caller): Caller,
+    Path(delegation_id): Path<String>,
+) -> Response {
+    let store = state.sandboxes.store();
+    match store.get_delegation(&delegation_id).await {
+        Ok(Some(row)) if caller.may_manage(&row.workspace) => {}
+        Ok(_) => {
+            return ErrorReply::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no delegation {delegation_id:?} in your workspace"),
+            )
+            .into_response()
+        }
+        Err(e) => {
+            return ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+                .into_response()
+        }
+    }
+    match store
+        .revoke_delegation(&delegation_id, crate::create::now_ms())
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(delegation = %delegation_id, principal = %caller.principal, "delegation revoked");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            .into_response(),
+    }
+}
