@@ -14,6 +14,10 @@
 //! - The compiled generation is shared; each worker thread keeps its own clone of the
 //!   engine (regorus evaluation takes `&mut self`), refreshed when the generation changes,
 //!   so nothing is parsed on the request path.
+//! - Every evaluation counts in `sandgate_policy_decisions_total{layer, outcome}` and
+//!   `sandgate_policy_eval_seconds{layer}`, and, when a decision log is attached
+//!   ([`PolicyEngine::set_decision_log`]), writes one OPA-shaped record. Nothing is built for
+//!   the log when it is off: the egress path evaluates per request.
 
 pub mod input;
 pub mod testing;
@@ -22,10 +26,12 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use regorus::Value;
+
+use crate::decision_log::{DecisionLog, Labels, PolicyMetrics, PolicyRecord};
 
 /// The layers sandgate knows; each has its package `sandgate.<layer>`.
 pub const LAYERS: &[&str] = &[
@@ -58,6 +64,8 @@ pub struct Decision {
     pub action: String,
     pub generation: u64,
     pub eval_time: Duration,
+    /// The decision log record's id, when one was written (to correlate a refusal with it).
+    pub decision_id: Option<String>,
 }
 
 struct Generation {
@@ -113,6 +121,14 @@ pub struct PolicyEngine {
     rejected: RwLock<Option<Vec<(String, u64, SystemTime)>>>,
     loaded_at: RwLock<SystemTime>,
     next_generation: AtomicU64,
+    /// Where decisions are logged, set once by the server (tools and tests run without).
+    log: OnceLock<EngineLog>,
+}
+
+struct EngineLog {
+    log: DecisionLog,
+    /// Layers whose caller writes its own, richer record (egress: the proxy).
+    skip: &'static [&'static str],
 }
 
 impl std::fmt::Debug for PolicyEngine {
@@ -151,7 +167,22 @@ impl PolicyEngine {
             rejected: RwLock::new(None),
             loaded_at: RwLock::new(SystemTime::now()),
             next_generation: AtomicU64::new(2),
+            log: OnceLock::new(),
         })
+    }
+
+    /// Logs every decision of every layer except `skip` (whose callers log their own) to
+    /// `log`. Set once; later calls are ignored.
+    pub fn set_decision_log(&self, log: DecisionLog, skip: &'static [&'static str]) {
+        let _ = self.log.set(EngineLog { log, skip });
+    }
+
+    /// The log to write `layer`'s decisions to, if any: checked before anything is built.
+    fn log_for(&self, layer: &str) -> Option<&DecisionLog> {
+        self.log
+            .get()
+            .filter(|l| l.log.enabled() && !l.skip.contains(&layer))
+            .map(|l| &l.log)
     }
 
     pub fn generation(&self) -> u64 {
@@ -257,44 +288,63 @@ impl PolicyEngine {
     /// Evaluates one layer for `input`.
     pub fn evaluate(&self, layer: &'static str, input: Value) -> Decision {
         let started = Instant::now();
+        // Only a logged decision keeps its input (a cheap reference-counted clone).
+        let log = self.log_for(layer);
+        let logged_input = log.map(|_| input.clone());
         let generation = self.current();
-        if !generation.present_layers.contains(&layer) {
-            return Decision {
-                allowed: false,
-                reasons: vec![format!(
-                    "no policy is loaded for layer {layer} (default deny)"
-                )],
-                action: "inspect".into(),
-                generation: generation.number,
-                eval_time: started.elapsed(),
-            };
-        }
-        let result = match generation.programs.get(layer) {
-            Some(program) => self.run_program(&generation, layer, program, input),
-            None => Self::run_interpreter(self.instance, &generation, layer, input),
-        };
-        let eval_time = started.elapsed();
-        metrics::histogram!("sandgate_policy_eval_seconds", "layer" => layer)
-            .record(eval_time.as_secs_f64());
-        match result {
-            Ok(mut decision) => {
-                decision.generation = generation.number;
-                decision.eval_time = eval_time;
-                decision
-            }
-            Err(e) => {
-                tracing::warn!(layer, error = %e, "policy evaluation failed; denying");
-                metrics::counter!("sandgate_policy_eval_errors_total", "layer" => layer)
-                    .increment(1);
+        let (mut decision, outcome) = if !generation.present_layers.contains(&layer) {
+            (
                 Decision {
                     allowed: false,
-                    reasons: vec![format!("policy evaluation error in layer {layer}")],
+                    reasons: vec![format!(
+                        "no policy is loaded for layer {layer} (default deny)"
+                    )],
                     action: "inspect".into(),
                     generation: generation.number,
-                    eval_time,
+                    eval_time: Duration::ZERO,
+                    decision_id: None,
+                },
+                "deny",
+            )
+        } else {
+            let result = match generation.programs.get(layer) {
+                Some(program) => self.run_program(&generation, layer, program, input),
+                None => Self::run_interpreter(self.instance, &generation, layer, input),
+            };
+            match result {
+                Ok(decision) => {
+                    let outcome = if decision.allowed { "allow" } else { "deny" };
+                    (decision, outcome)
+                }
+                Err(e) => {
+                    tracing::warn!(layer, error = %e, "policy evaluation failed; denying");
+                    metrics::counter!("sandgate_policy_eval_errors_total", "layer" => layer)
+                        .increment(1);
+                    (
+                        Decision {
+                            allowed: false,
+                            reasons: vec![format!("policy evaluation error in layer {layer}")],
+                            action: "inspect".into(),
+                            generation: 0,
+                            eval_time: Duration::ZERO,
+                            decision_id: None,
+                        },
+                        "error",
+                    )
                 }
             }
+        };
+        let eval_time = started.elapsed();
+        decision.generation = generation.number;
+        decision.eval_time = eval_time;
+        metrics::histogram!("sandgate_policy_eval_seconds", "layer" => layer)
+            .record(eval_time.as_secs_f64());
+        metrics::counter!("sandgate_policy_decisions_total", "layer" => layer, "outcome" => outcome)
+            .increment(1);
+        if let (Some(log), Some(input)) = (log, logged_input) {
+            decision.decision_id = Some(write_record(log, layer, outcome, &decision, &input));
         }
+        decision
     }
 
     /// The fast path: the layer's bytecode on this worker's VM.
@@ -359,6 +409,43 @@ impl PolicyEngine {
     }
 }
 
+/// Writes one OPA-shaped record for a decision; returns its id.
+fn write_record(
+    log: &DecisionLog,
+    layer: &'static str,
+    outcome: &'static str,
+    decision: &Decision,
+    input: &Value,
+) -> String {
+    let mut input = serde_json::to_value(input).unwrap_or(serde_json::Value::Null);
+    crate::decision_log::redact_input(&mut input);
+    let deny: &[String] = if decision.allowed {
+        &[]
+    } else {
+        &decision.reasons
+    };
+    let mut result = serde_json::json!({"allow": decision.allowed, "deny": deny});
+    if layer == "egress" {
+        result["action"] = decision.action.clone().into();
+    }
+    let decision_id = crate::decision_log::new_decision_id();
+    log.record_policy(PolicyRecord {
+        kind: "policy",
+        decision_id: decision_id.clone(),
+        path: format!("sandgate/{layer}"),
+        layer,
+        decision: outcome,
+        input,
+        result,
+        timestamp: crate::decision_log::now_rfc3339(),
+        labels: Labels::new(decision.generation),
+        metrics: PolicyMetrics {
+            timer_rego_eval_ns: decision.eval_time.as_nanos() as u64,
+        },
+    });
+    decision_id
+}
+
 fn read_decision(value: &Value) -> Decision {
     let field = |name: &str| {
         value
@@ -394,6 +481,7 @@ fn read_decision(value: &Value) -> Decision {
         action,
         generation: 0,
         eval_time: Duration::ZERO,
+        decision_id: None,
     }
 }
 

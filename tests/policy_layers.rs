@@ -1,0 +1,271 @@
+//! Policy at every layer, over a real gateway: decision logs and metrics for every layer,
+//! `GET /v1/policies` across reloads, and scopes (platform and workspace) with deny-wins.
+//! Real Rego files in a temporary policy directory, reqwest as the client.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+const TOKEN_A: &str = "api-token-ws-a-0123456789";
+const TOKEN_B: &str = "api-token-ws-b-0123456789";
+const SECRET_X: &str = "s3cr3t-X-7f1e9a0c";
+
+fn sandbox_config() -> String {
+    format!(
+        r#"
+[[api.tokens]]
+token = "{TOKEN_A}"
+principal = "alice"
+workspace = "ws-a"
+[[api.tokens]]
+token = "{TOKEN_B}"
+principal = "bob"
+workspace = "ws-b"
+
+[create]
+short_wait_ms = 3000
+
+[[providers]]
+name = "sim"
+kind = "simulated"
+capabilities = {{ isolation = ["microvm"], egress = "gateway" }}
+
+[[accounts]]
+name = "acct-a"
+provider = "sim"
+
+[[pools]]
+name = "pool-a"
+provider = "sim"
+account = "acct-a"
+"#
+    )
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+async fn create_as(gw: &Gateway, token: &str, body: Value) -> (u16, Value) {
+    let resp = http()
+        .post(gw.api("/v1/sandboxes"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap())
+}
+
+fn assert_opa_shape(record: &Value, layer: &str) {
+    // Egress records keep `path` as the request path (older readers), the package path is
+    // in `policy_path` there.
+    let path = if layer == "egress" {
+        &record["policy_path"]
+    } else {
+        &record["path"]
+    };
+    assert_eq!(*path, format!("sandgate/{layer}"), "{record}");
+    assert_eq!(record["layer"], layer);
+    let id = record["decision_id"].as_str().expect("decision_id");
+    assert_eq!(id.len(), 36, "{id}");
+    assert_eq!(id.matches('-').count(), 4, "{id}");
+    let ts = record["timestamp"].as_str().expect("timestamp");
+    time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("{ts} is not RFC 3339: {e}"));
+    assert!(record["labels"]["generation"].as_u64().unwrap() >= 1);
+    assert!(record["input"].is_object(), "{record}");
+    assert!(record["result"]["allow"].is_boolean(), "{record}");
+    assert!(record["result"]["deny"].is_array(), "{record}");
+}
+
+/// Creation and provider decisions (allowed and refused) are logged with their input and
+/// result; egress keeps one record per decision (the proxy's), now also in the OPA shape.
+#[tokio::test]
+async fn creation_and_provider_decisions_are_logged_in_the_opa_shape() {
+    let gw = Gateway::start(GatewayOptions {
+        extra_toml: sandbox_config(),
+        extra_policies: vec![(
+            "frozen.rego",
+            "package sandgate.creation\nimport rego.v1\n\ndeny contains \"team frozen is frozen\" if input.request.labels.team == \"frozen\"\n".into(),
+        )],
+        ..GatewayOptions::default()
+    })
+    .await;
+    let (status, body) = create_as(&gw, TOKEN_A, json!({"labels": {"team": "ml"}})).await;
+    assert_eq!(status, 201, "{body}");
+    let sandbox_id = body["id"].as_str().unwrap().to_string();
+    // Refused by the creation layer (the extra rule above).
+    let (status, refused) = create_as(&gw, TOKEN_A, json!({"labels": {"team": "frozen"}})).await;
+    assert_eq!(status, 403, "{refused}");
+
+    let creation = gw.policy_decisions("creation", 2).await;
+    let provider = gw.policy_decisions("provider", 1).await;
+    for r in &creation {
+        assert_opa_shape(r, "creation");
+    }
+    assert_opa_shape(&provider[0], "provider");
+    let allowed = creation
+        .iter()
+        .find(|r| r["input"]["sandbox"]["id"] == sandbox_id.as_str())
+        .expect("the allowed create's record");
+    assert_eq!(allowed["decision"], "allow");
+    assert_eq!(allowed["result"]["allow"], true);
+    assert_eq!(allowed["input"]["principal"]["principal"], "alice");
+    assert_eq!(allowed["input"]["pool"]["name"], "pool-a");
+    assert_eq!(allowed["input"]["request"]["labels"]["team"], "ml");
+    assert!(allowed["metrics"]["timer_rego_eval_ns"].as_u64().unwrap() > 0);
+    assert_eq!(
+        provider[0]["input"]["sandbox"]["id"],
+        sandbox_id.as_str(),
+        "the provider layer is consulted for the pool the creation layer admitted"
+    );
+    let denied = creation
+        .iter()
+        .find(|r| r["decision"] == "deny")
+        .expect("the refused create's record");
+    assert_eq!(denied["result"]["allow"], false);
+    assert_eq!(denied["input"]["request"]["labels"]["team"], "frozen");
+    assert_eq!(denied["result"]["deny"], json!(["team frozen is frozen"]));
+    // Distinct ids.
+    assert_ne!(allowed["decision_id"], denied["decision_id"]);
+
+    // The egress layer is logged once per decision, by the proxy, with the OPA fields too.
+    let origin = start_origin(None).await;
+    let response = gw
+        .client("sb-a", true)
+        .get(format!(
+            "http://plain.test:{}/p?q=secret-value",
+            origin.port()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let egress = gw.decisions(1).await;
+    let record = &egress[0];
+    assert_opa_shape(record, "egress");
+    assert_eq!(record["input"]["destination"]["host"], "plain.test");
+    assert_eq!(record["input"]["request"]["path"], "/p?q=");
+    assert_eq!(record["result"]["allow"], true);
+    assert_eq!(record["host"], "plain.test", "the flat egress fields stay");
+    let all = gw.log_records(1, |_| true).await;
+    assert!(
+        !all.iter()
+            .any(|r| r["kind"] == "policy" && r["layer"] == "egress"),
+        "egress decisions are not logged twice"
+    );
+    assert!(!std::fs::read_to_string(&gw.decision_log)
+        .unwrap()
+        .contains("secret-value"));
+
+    // Prometheus: decisions by layer and outcome, eval time by layer.
+    let metrics = http()
+        .get(gw.api("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        r#"sandgate_policy_decisions_total{layer="creation",outcome="allow"}"#,
+        r#"sandgate_policy_decisions_total{layer="creation",outcome="deny"}"#,
+        r#"sandgate_policy_decisions_total{layer="provider",outcome="allow"}"#,
+        r#"sandgate_policy_decisions_total{layer="egress",outcome="allow"}"#,
+        r#"sandgate_policy_eval_seconds_bucket{layer="creation",le="0.00001"}"#,
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing from /metrics");
+    }
+    gw.server.shutdown();
+}
+
+/// A credential decision is logged without the placeholder the sandbox sent (it is as good
+/// as the secret to whoever holds it), without query values, and never with the secret.
+#[tokio::test]
+async fn credential_decisions_are_logged_without_placeholders_or_secrets() {
+    init();
+    let ca = TestCa::new();
+    let origin = start_origin(Some(ca.server_config(&["api.a.test"]))).await;
+    let secrets = tempfile::tempdir().unwrap();
+    std::fs::write(secrets.path().join("x"), SECRET_X).unwrap();
+    let extra_toml = format!(
+        r#"
+[[api.tokens]]
+token = "{TOKEN_A}"
+principal = "alice"
+workspace = "ws-a"
+
+[[credentials]]
+workspace = "ws-a"
+name = "x"
+secret_file = {x:?}
+placeholder_env = "X_TOKEN"
+destinations = [{{ host = "api.a.test", ports = [{port}] }}]
+apply = {{ type = "header", name = "authorization", template = "Bearer {{secret}}" }}
+"#,
+        x = secrets.path().join("x").display().to_string(),
+        port = origin.port(),
+    );
+    let gw = Gateway::start(GatewayOptions {
+        identities: vec![IdentitySpec {
+            id: "sb-a",
+            workspace: "ws-a",
+            allow_domains: vec!["api.a.test"],
+            credentials: vec!["x"],
+        }],
+        upstream_ca: Some(ca.pem_path.clone()),
+        extra_toml,
+        ..Default::default()
+    })
+    .await;
+    let env: Value = http()
+        .get(gw.api("/v1/identities/sb-a/env"))
+        .bearer_auth(TOKEN_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let placeholder = env["placeholders"]["x"].as_str().unwrap().to_string();
+    let response = gw
+        .client("sb-a", true)
+        .get(format!(
+            "https://api.a.test:{}/repos?access_token={placeholder}&page=2",
+            origin.port()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        origin.last().unwrap().path,
+        format!("/repos?access_token={SECRET_X}&page=2"),
+        "the placeholder was exchanged upstream"
+    );
+    let records = gw.policy_decisions("credential", 1).await;
+    let record = &records[0];
+    assert_opa_shape(record, "credential");
+    assert_eq!(record["decision"], "allow");
+    assert_eq!(record["input"]["credential"]["name"], "x");
+    assert_eq!(
+        record["input"]["request"]["path"],
+        "/repos?access_token=&page="
+    );
+    let _ = gw.decisions(2).await;
+    let log = std::fs::read_to_string(&gw.decision_log).unwrap();
+    assert!(
+        !log.contains(&placeholder),
+        "placeholder in the decision log"
+    );
+    assert!(!log.contains(SECRET_X), "secret in the decision log");
+    gw.server.shutdown();
+}
