@@ -269,3 +269,156 @@ apply = {{ type = "header", name = "authorization", template = "Bearer {{secret}
     assert!(!log.contains(SECRET_X), "secret in the decision log");
     gw.server.shutdown();
 }
+
+async fn policies(gw: &Gateway) -> Value {
+    let resp = http()
+        .get(gw.api("/v1/policies"))
+        .bearer_auth(TOKEN_B)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+/// Waits until `GET /v1/policies` satisfies `done` (reloads poll every 100 ms).
+async fn policies_until(gw: &Gateway, done: impl Fn(&Value) -> bool) -> Value {
+    for _ in 0..100 {
+        let report = policies(gw).await;
+        if done(&report) {
+            return report;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("policy report never got there: {}", policies(gw).await);
+}
+
+/// The refusal reasons for a CONNECT to api.b.test by sb-a (refused by the egress layer).
+async fn egress_refusal(gw: &Gateway) -> String {
+    match connect_tunnel(
+        gw.server.proxy_addr(),
+        "api.b.test:443",
+        Some(("sb-a", TOKEN)),
+    )
+    .await
+    {
+        Ok(_) => panic!("CONNECT to api.b.test was allowed"),
+        Err((status, text)) => {
+            assert_eq!(status, 403, "{text}");
+            text
+        }
+    }
+}
+
+/// A broken file never replaces the serving generation: `GET /v1/policies` shows the error
+/// (file and line, and when), decisions keep coming from the old generation, and fixing the
+/// file loads a new one.
+#[tokio::test]
+async fn policies_endpoint_reports_generations_and_a_broken_reload() {
+    let gate_v1 = "package sandgate.egress\nimport rego.v1\n\ndeny contains \"gate v1 refuses api.b.test\" if input.destination.host == \"api.b.test\"\n";
+    let gw = Gateway::start(GatewayOptions {
+        extra_toml: sandbox_config(),
+        extra_policies: vec![("gate.rego", gate_v1.into())],
+        ..GatewayOptions::default()
+    })
+    .await;
+    let unauthenticated = http().get(gw.api("/v1/policies")).send().await.unwrap();
+    assert_eq!(unauthenticated.status(), 401);
+
+    let first = policies(&gw).await;
+    let generation = first["generation"].as_u64().unwrap();
+    assert!(first["last_error"].is_null(), "{first}");
+    let files: Vec<&str> = first["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(
+        files.contains(&"gate.rego") && files.contains(&"egress.rego"),
+        "{first}"
+    );
+    assert_eq!(
+        first["layers"]["present"],
+        json!([
+            "egress",
+            "credential",
+            "creation",
+            "provider",
+            "lifecycle",
+            "action"
+        ])
+    );
+    assert_eq!(first["layers"]["missing"], json!([]));
+    assert!(egress_refusal(&gw)
+        .await
+        .contains("gate v1 refuses api.b.test"));
+
+    // Break the file: a syntax error on line 4.
+    std::fs::write(
+        gw.policy_dir.join("gate.rego"),
+        "package sandgate.egress\nimport rego.v1\n\ndeny contains \"gate v2\" if input.destination.host ==\n",
+    )
+    .unwrap();
+    let broken = policies_until(&gw, |r| !r["last_error"].is_null()).await;
+    let error = &broken["last_error"];
+    assert!(
+        error["message"].as_str().unwrap().contains("gate.rego"),
+        "{error}"
+    );
+    time::OffsetDateTime::parse(
+        error["at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    assert_eq!(
+        broken["generation"].as_u64().unwrap(),
+        generation,
+        "{broken}"
+    );
+    // The old generation still decides.
+    assert!(egress_refusal(&gw)
+        .await
+        .contains("gate v1 refuses api.b.test"));
+    let health: Value = http()
+        .get(gw.api("/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["status"], "degraded");
+
+    // Fix it: a new generation, no error, and decisions from the new rules.
+    std::fs::write(
+        gw.policy_dir.join("gate.rego"),
+        "package sandgate.egress\nimport rego.v1\n\ndeny contains \"gate v2, fixed, refuses api.b.test\" if input.destination.host == \"api.b.test\"\n",
+    )
+    .unwrap();
+    let fixed = policies_until(&gw, |r| r["generation"].as_u64().unwrap() > generation).await;
+    assert!(fixed["last_error"].is_null(), "{fixed}");
+    assert!(egress_refusal(&gw)
+        .await
+        .contains("gate v2, fixed, refuses api.b.test"));
+
+    // A layer whose package goes away is reported missing (and denies by default).
+    std::fs::remove_file(gw.policy_dir.join("action.rego")).unwrap();
+    let without = policies_until(&gw, |r| r["layers"]["missing"] == json!(["action"])).await;
+    assert!(!without["layers"]["present"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("action")));
+
+    // The endpoint is in the OpenAPI document.
+    let openapi: Value = http()
+        .get(gw.api("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(openapi["paths"]["/v1/policies"]["get"].is_object());
+    gw.server.shutdown();
+}

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod body;
 pub mod credentials;
 pub mod identities;
+pub mod policies;
 pub mod routes;
 pub mod sandboxes;
 
@@ -42,6 +43,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(metrics))
         .merge(credentials::routes())
         .merge(identities::routes())
+        .merge(policies::routes())
         .merge(sandboxes::routes())
         .merge(routes::routes())
         .fallback(not_found)

@@ -84,7 +84,13 @@ pub async fn explain(
         super::sandboxes::list,
         super::sandboxes::remove,
         explain,
+        super::policies::read,
     ),
+    components(schemas(
+        crate::policy::PolicyReport,
+        crate::policy::LayerReport,
+        crate::policy::ReloadError
+    )),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;

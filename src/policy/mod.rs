@@ -97,6 +97,42 @@ pub struct PolicyStatus {
     pub loaded_at_unix: u64,
 }
 
+/// `GET /v1/policies`.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct PolicyReport {
+    /// The generation serving decisions now.
+    pub generation: u64,
+    /// When that generation was loaded (RFC 3339).
+    pub loaded_at: String,
+    pub dir: String,
+    #[schema(value_type = String, example = "bytecode")]
+    pub evaluator: Evaluator,
+    /// Files of the serving generation (`.rego` and `data.json`), relative to `dir`.
+    pub files: Vec<String>,
+    pub layers: LayerReport,
+    /// The newest reload failure, while the files on disk still fail to load; the
+    /// generation above keeps serving meanwhile.
+    pub last_error: Option<ReloadError>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct LayerReport {
+    /// Layers whose package `sandgate.<layer>` is loaded.
+    pub present: Vec<&'static str>,
+    /// Known layers with no package: every decision of theirs is a default deny.
+    pub missing: Vec<&'static str>,
+    /// Present layers evaluated by the bytecode VM (the others by the interpreter).
+    pub bytecode: Vec<&'static str>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ReloadError {
+    /// What failed, with `file:line` when the parser knows it.
+    pub message: String,
+    /// When it was first seen (RFC 3339).
+    pub at: String,
+}
+
 /// How decisions are computed. Both evaluate the same compiled policy; a differential test
 /// keeps them in agreement on the bundled layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -116,7 +152,8 @@ pub struct PolicyEngine {
     /// Distinguishes engines in one process (tests run several) in the thread-local cache.
     instance: u64,
     current: RwLock<Arc<Generation>>,
-    last_error: RwLock<Option<String>>,
+    /// The newest reload failure and when it happened; cleared by the next good load.
+    last_error: RwLock<Option<(String, SystemTime)>>,
     /// Fingerprint of files that failed to load, so they are not recompiled every tick.
     rejected: RwLock<Option<Vec<(String, u64, SystemTime)>>>,
     loaded_at: RwLock<SystemTime>,
@@ -205,7 +242,8 @@ impl PolicyEngine {
                 .last_error
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
-                .clone(),
+                .as_ref()
+                .map(|(text, _)| text.clone()),
             loaded_at_unix: self
                 .loaded_at
                 .read()
@@ -213,6 +251,45 @@ impl PolicyEngine {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+        }
+    }
+
+    /// Everything `GET /v1/policies` shows: what is loaded and serving, and what failed.
+    pub fn report(&self) -> PolicyReport {
+        let current = self.current();
+        let rfc3339 = |t: SystemTime| {
+            time::OffsetDateTime::from(t)
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default()
+        };
+        let last_error = self
+            .last_error
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|(message, at)| ReloadError {
+                message: message.clone(),
+                at: rfc3339(*at),
+            });
+        let loaded_at = *self.loaded_at.read().unwrap_or_else(|e| e.into_inner());
+        let mut bytecode: Vec<&'static str> = current.programs.keys().copied().collect();
+        bytecode.sort_by_key(|l| LAYERS.iter().position(|x| x == l));
+        PolicyReport {
+            generation: current.number,
+            loaded_at: rfc3339(loaded_at),
+            dir: self.dir.display().to_string(),
+            evaluator: self.evaluator,
+            files: current.files.clone(),
+            layers: LayerReport {
+                present: current.present_layers.clone(),
+                missing: LAYERS
+                    .iter()
+                    .copied()
+                    .filter(|l| !current.present_layers.contains(l))
+                    .collect(),
+                bytecode,
+            },
+            last_error,
         }
     }
 
@@ -261,12 +338,13 @@ impl PolicyEngine {
     fn record_failure(&self, e: PolicyError) {
         let text = e.to_string();
         let mut last = self.last_error.write().unwrap_or_else(|e| e.into_inner());
-        if last.as_deref() != Some(text.as_str()) {
+        // The same failure seen again keeps its first time: that is when it started.
+        if last.as_ref().map(|(t, _)| t.as_str()) != Some(text.as_str()) {
             metrics::counter!("sandgate_policy_reloads_total", "outcome" => "rejected")
                 .increment(1);
             tracing::error!(error = %text, "policy reload rejected; the last good policy keeps serving");
+            *last = Some((text, SystemTime::now()));
         }
-        *last = Some(text);
     }
 
     /// Polls the directory every `interval` until the returned task is dropped/aborted.
