@@ -422,3 +422,221 @@ async fn policies_endpoint_reports_generations_and_a_broken_reload() {
     assert!(openapi["paths"]["/v1/policies"]["get"].is_object());
     gw.server.shutdown();
 }
+
+// ------------------------------------------------------------------ scopes
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandgate");
+
+/// ws-a's own rules: it keeps itself off api.a.test and away from label `team=risky`, and
+/// "allows everything" (which must not restore anything the platform refuses).
+fn ws_a_scope() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "workspaces/ws-a/egress.rego",
+            r#"package sandgate.scopes.workspaces["ws-a"].egress
+import rego.v1
+
+allow := true
+
+deny contains "workspace ws-a keeps its sandboxes off api.a.test" if input.destination.host == "api.a.test"
+"#
+            .into(),
+        ),
+        (
+            "workspaces/ws-a/creation.rego",
+            r#"package sandgate.scopes.workspaces["ws-a"].creation
+import rego.v1
+
+allow := true
+
+deny contains "workspace ws-a does not run risky sandboxes" if input.request.labels.team == "risky"
+"#
+            .into(),
+        ),
+        (
+            "platform/frozen.rego",
+            "package sandgate.creation\nimport rego.v1\n\ndeny contains \"team frozen is frozen platform-wide\" if input.request.labels.team == \"frozen\"\n".into(),
+        ),
+    ]
+}
+
+async fn connect_as(gw: &Gateway, id: &str, authority: &str) -> Result<(), (u16, String)> {
+    connect_tunnel(gw.server.proxy_addr(), authority, Some((id, TOKEN)))
+        .await
+        .map(|_| ())
+}
+
+/// Seed 001: "applicable rules compose, every required layer must allow, an explicit deny
+/// wins, and a narrower permission cannot restore authority denied by another layer".
+#[tokio::test]
+async fn workspace_scopes_compose_with_the_platform_and_deny_wins() {
+    let gw = Gateway::start(GatewayOptions {
+        identities: vec![
+            IdentitySpec::new("sb-a", "ws-a", vec!["api.a.test"]),
+            IdentitySpec::new("sb-b", "ws-b", vec!["api.a.test"]),
+        ],
+        extra_toml: sandbox_config(),
+        extra_policies: ws_a_scope(),
+        ..GatewayOptions::default()
+    })
+    .await;
+
+    // Egress. The platform allows api.a.test for both sandboxes; ws-a's scope denies it
+    // for ws-a only.
+    let (status, text) = connect_as(&gw, "sb-a", "api.a.test:443").await.unwrap_err();
+    assert_eq!(status, 403, "{text}");
+    assert!(
+        text.contains("workspace ws-a keeps its sandboxes off api.a.test"),
+        "{text}"
+    );
+    assert!(
+        connect_as(&gw, "sb-b", "api.a.test:443").await.is_ok(),
+        "another workspace's scope does not apply to ws-b"
+    );
+    // ws-a's `allow := true` does not restore what the platform refuses (api.b.test is not
+    // in sb-a's allow_domains).
+    let (status, text) = connect_as(&gw, "sb-a", "api.b.test:443").await.unwrap_err();
+    assert_eq!(status, 403, "{text}");
+    assert!(
+        text.contains("no rule allowed this (default deny)"),
+        "{text}"
+    );
+
+    // Creation, with the scope that decided in the decision log.
+    let (status, body) = create_as(&gw, TOKEN_A, json!({"labels": {"team": "risky"}})).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.to_string()
+            .contains("workspace ws-a does not run risky sandboxes"),
+        "{body}"
+    );
+    let (status, body) = create_as(&gw, TOKEN_B, json!({"labels": {"team": "risky"}})).await;
+    assert_eq!(status, 201, "ws-a's scope does not apply to ws-b: {body}");
+    let (status, body) = create_as(&gw, TOKEN_A, json!({"labels": {"team": "frozen"}})).await;
+    assert_eq!(
+        status, 403,
+        "ws-a's allow cannot restore a platform deny: {body}"
+    );
+    assert!(
+        body.to_string()
+            .contains("team frozen is frozen platform-wide"),
+        "{body}"
+    );
+    let (status, body) = create_as(&gw, TOKEN_A, json!({"labels": {"team": "ml"}})).await;
+    assert_eq!(status, 201, "{body}");
+
+    let records = gw.policy_decisions("creation", 4).await;
+    let scope_of = |team: &str, ws: &str| {
+        records
+            .iter()
+            .find(|r| {
+                r["input"]["request"]["labels"]["team"] == team && r["input"]["workspace"] == ws
+            })
+            .unwrap_or_else(|| panic!("no record for {team} in {ws}"))["result"]
+            .clone()
+    };
+    assert_eq!(scope_of("risky", "ws-a")["scope"], "workspaces/ws-a");
+    assert_eq!(scope_of("frozen", "ws-a")["scope"], "platform");
+    assert_eq!(scope_of("risky", "ws-b")["allow"], true);
+    assert!(scope_of("ml", "ws-a")["scope"].is_null());
+
+    let report = policies(&gw).await;
+    assert_eq!(
+        report["scopes"],
+        json!([{"scope": "workspaces/ws-a", "layers": ["egress", "creation"], "bytecode": ["egress", "creation"]}])
+    );
+
+    // `policy eval` says which scope decided.
+    let input = gw.dir.path().join("input.json");
+    std::fs::write(
+        &input,
+        json!({
+            "phase": "connect",
+            "sandbox": {"id": "sb-a", "workspace": "ws-a", "labels": {}, "allow_domains": ["api.a.test"]},
+            "destination": {"host": "api.a.test", "port": 443, "ip": null, "scheme": "connect",
+                            "match_names": ["api.a.test", "*.a.test", "*.test"]}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["policy", "eval", "--layer", "egress", "--input"])
+        .arg(&input)
+        .arg("--dir")
+        .arg(&gw.policy_dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "refused: exit 1");
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["allowed"], false);
+    assert_eq!(printed["deny_scope"], "workspaces/ws-a");
+    assert_eq!(printed["scopes"], json!(["platform", "workspaces/ws-a"]));
+    gw.server.shutdown();
+}
+
+/// A workspace file that declares another scope's package is refused, by `policy check`
+/// (file:line, exit 1) and by a reload (the previous generation keeps serving).
+#[tokio::test]
+async fn a_misplaced_package_is_refused_with_file_and_line() {
+    let gw = Gateway::start(GatewayOptions {
+        extra_toml: sandbox_config(),
+        extra_policies: ws_a_scope(),
+        ..GatewayOptions::default()
+    })
+    .await;
+    let generation = policies(&gw).await["generation"].as_u64().unwrap();
+    // ws-a's folder trying to add an allow rule to the platform's creation package.
+    std::fs::write(
+        gw.policy_dir.join("workspaces/ws-a/sneaky.rego"),
+        "# allow everything\n\npackage sandgate.creation\nimport rego.v1\n\nallow := true\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["policy", "check"])
+        .arg(&gw.policy_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("workspaces/ws-a/sneaky.rego:3:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("does not match its folder"), "{stderr}");
+
+    let report = policies_until(&gw, |r| !r["last_error"].is_null()).await;
+    assert!(report["last_error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("workspaces/ws-a/sneaky.rego:3:"));
+    assert_eq!(report["generation"].as_u64().unwrap(), generation);
+
+    // A workspace package outside its folder is refused as well.
+    std::fs::remove_file(gw.policy_dir.join("workspaces/ws-a/sneaky.rego")).unwrap();
+    std::fs::write(
+        gw.policy_dir.join("elsewhere.rego"),
+        "package sandgate.scopes.workspaces.ws_b.creation\nimport rego.v1\n\ndeny contains \"x\" if false\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["policy", "check"])
+        .arg(&gw.policy_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("elsewhere.rego:1:"), "{stderr}");
+    std::fs::remove_file(gw.policy_dir.join("elsewhere.rego")).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["policy", "check"])
+        .arg(&gw.policy_dir)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    gw.server.shutdown();
+}

@@ -89,6 +89,7 @@ pub async fn explain(
     components(schemas(
         crate::policy::PolicyReport,
         crate::policy::LayerReport,
+        crate::policy::ScopeReport,
         crate::policy::ReloadError
     )),
     modifiers(&BearerAuth)

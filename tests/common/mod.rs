@@ -360,7 +360,10 @@ impl Gateway {
             }
         }
         for (name, text) in &options.extra_policies {
-            std::fs::write(policy_dir.join(name), text).unwrap();
+            let path = policy_dir.join(name);
+            // Scope folders (`workspaces/<ws>/...`) are created as needed.
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
         }
         let decision_log = dir.path().join("decisions.jsonl");
         let mut toml = String::new();
