@@ -90,6 +90,7 @@ pub async fn explain(
         crate::policy::PolicyReport,
         crate::policy::LayerReport,
         crate::policy::ScopeReport,
+        crate::policy::Fallback,
         crate::policy::ReloadError
     )),
     modifiers(&BearerAuth)

@@ -20,6 +20,7 @@
 //!   the log when it is off: the egress path evaluates per request.
 
 pub mod input;
+mod probe;
 pub mod scope;
 pub mod testing;
 
@@ -96,6 +97,27 @@ struct Generation {
     /// Workspace scopes: workspace → layer → its rules (see [`scope`]).
     scoped: HashMap<String, HashMap<&'static str, Arc<ScopeLayer>>>,
     platform_scope: Arc<str>,
+    /// Layers and scopes left to the interpreter because the bytecode disagreed.
+    fallbacks: Vec<Fallback>,
+}
+
+/// A layer (in a scope) evaluated by the interpreter although bytecode was chosen, because
+/// the two disagreed on a probe input at load.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct Fallback {
+    pub scope: String,
+    pub layer: &'static str,
+    pub reason: String,
+}
+
+impl Fallback {
+    fn new(scope: &str, layer: &'static str, reason: String) -> Fallback {
+        Fallback {
+            scope: scope.to_string(),
+            layer,
+            reason,
+        }
+    }
 }
 
 /// A layer's rules in one workspace scope.
@@ -150,6 +172,9 @@ pub struct PolicyReport {
     pub layers: LayerReport,
     /// Workspace scopes (`workspaces/<ws>/`) and the layers each has rules for.
     pub scopes: Vec<ScopeReport>,
+    /// With the bytecode evaluator: layers left to the interpreter because the two
+    /// disagreed on a probe input when the generation loaded.
+    pub fallbacks: Vec<Fallback>,
     /// The newest reload failure, while the files on disk still fail to load; the
     /// generation above keeps serving meanwhile.
     pub last_error: Option<ReloadError>,
@@ -362,6 +387,7 @@ impl PolicyEngine {
                 scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
                 scopes
             },
+            fallbacks: current.fallbacks.clone(),
             last_error,
         }
     }
@@ -1034,6 +1060,19 @@ fn finish_generation(
             ),
         }
     }
+    // The bytecode must decide as the interpreter does; a layer that does not on a probe
+    // input is left to the interpreter (see `probe`).
+    let mut fallbacks = Vec::new();
+    programs.retain(|layer, program| {
+        let wrapper = format!("data.sandgate_internal.{layer}.decision");
+        match disagreement(&mut engine, &data, layer, &wrapper, program) {
+            None => true,
+            Some(why) => {
+                fallbacks.push(Fallback::new(PLATFORM_SCOPE, layer, why));
+                false
+            }
+        }
+    });
     let mut scoped: HashMap<String, HashMap<&'static str, Arc<ScopeLayer>>> = HashMap::new();
     for (index, ws, layer, has_allow) in scope_specs {
         let program = match evaluator {
@@ -1053,6 +1092,16 @@ fn finish_generation(
                 }
             }
         };
+        let wrapper = format!("data.sandgate_internal.s{index}.{layer}.decision");
+        let program = program.filter(|program| {
+            match disagreement(&mut engine, &data, layer, &wrapper, program) {
+                None => true,
+                Some(why) => {
+                    fallbacks.push(Fallback::new(&scope::workspace_scope_name(&ws), layer, why));
+                    false
+                }
+            }
+        });
         scoped.entry(ws.clone()).or_default().insert(
             layer,
             Arc::new(ScopeLayer {
@@ -1073,7 +1122,75 @@ fn finish_generation(
         data,
         scoped,
         platform_scope: PLATFORM_SCOPE.into(),
+        fallbacks,
     })
+}
+
+/// Runs the probe inputs for `layer` through `program` and through the interpreter's
+/// `wrapper`; describes the first disagreement.
+fn disagreement(
+    engine: &mut regorus::Engine,
+    data: &Value,
+    layer: &'static str,
+    wrapper: &str,
+    program: &LayerProgram,
+) -> Option<String> {
+    let mut vm = regorus::rvm::RegoVM::new();
+    vm.load_program(program.program.clone());
+    if let Err(e) = vm.set_data(data.clone()) {
+        return Some(format!("the bytecode VM does not take the data: {e}"));
+    }
+    let inspect = |v: Verdict| Verdict {
+        action: v.action.or_else(|| Some("inspect".into())),
+        ..v
+    };
+    for input in probe::inputs(layer, data) {
+        vm.set_input(input.clone());
+        let mut run = || -> anyhow::Result<Verdict> {
+            let rule = |name: &Option<String>, vm: &mut regorus::rvm::RegoVM| match name {
+                Some(n) => vm.execute_entry_point_by_name(n),
+                None => Ok(Value::Undefined),
+            };
+            let allow = match &program.allow {
+                Some(n) => vm.execute_entry_point_by_name(n)?,
+                None => Value::Bool(true),
+            };
+            let deny = rule(&program.deny, &mut vm)?;
+            let action = rule(&program.action, &mut vm)?;
+            Ok(verdict(&allow, &deny, &action))
+        };
+        let fast = run();
+        engine.set_input(input.clone());
+        let slow = engine.eval_rule(wrapper.to_string()).map(|value| {
+            let field = |name: &str| value[name].clone();
+            let mut v = verdict(&field("allow"), &field("deny"), &field("action"));
+            if program.allow.is_none() {
+                // A scope without `allow` allows; its wrapper says so too.
+                v.allow = true;
+            }
+            v
+        });
+        let same = match (&fast, &slow) {
+            (Ok(a), Ok(b)) => inspect(a.clone()) == inspect(b.clone()),
+            (Err(_), Err(_)) => true,
+            _ => false,
+        };
+        if !same {
+            let show = |r: &anyhow::Result<Verdict>| match r {
+                Ok(v) => format!("allow={} deny={:?}", v.allow, v.deny),
+                Err(e) => format!("error: {e}"),
+            };
+            let why = format!(
+                "bytecode ({}) and interpreter ({}) disagree on input {}",
+                show(&fast),
+                show(&slow),
+                input.to_json_str().unwrap_or_default().replace('\n', "")
+            );
+            tracing::warn!(layer, %why, "policy layer falls back to the interpreter");
+            return Some(why);
+        }
+    }
+    None
 }
 
 /// Compiles the `allow`, `deny` and `action` rules (those defined) of the package at
