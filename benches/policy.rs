@@ -93,7 +93,9 @@ fn main() {
         );
     }
     if misses.is_empty() {
-        println!("target met: median under 10 µs for every layer with the default (bytecode) evaluator");
+        println!(
+            "target met: median under 10 µs for every layer with the default (bytecode) evaluator"
+        );
     } else {
         println!("target missed (bytecode) for: {misses:?}");
     }
