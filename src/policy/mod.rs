@@ -514,11 +514,8 @@ impl PolicyEngine {
                 ),
                 (Ok(_), Some((scope, Err(e)))) => (self.eval_error(layer, &scope.name, e), "error"),
                 (Ok(platform), scoped) => {
-                    let decision = compose(
-                        &generation.platform_scope,
-                        platform,
-                        scoped.map(|(scope, v)| (&scope.name, v.expect("checked above"))),
-                    );
+                    let scoped = scoped.and_then(|(scope, v)| v.ok().map(|v| (&scope.name, v)));
+                    let decision = compose(&generation.platform_scope, platform, scoped);
                     let outcome = if decision.allowed { "allow" } else { "deny" };
                     (decision, outcome)
                 }
