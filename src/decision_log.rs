@@ -1,6 +1,18 @@
-//! The decision log: one JSON line per egress decision, written off the request path by a
-//! background task so a slow disk never stalls a proxied request. Records carry no header
-//! values and no query values (those are where tokens travel), only their keys.
+//! The decision log: one JSON line per decision, written off the request path by a
+//! background thread so a slow disk never stalls a proxied request.
+//!
+//! Every line carries the OPA decision-log fields (`decision_id`, `path`, `input`, `result`,
+//! `timestamp`, `labels`, `metrics`), so tools that read OPA's logs read ours. Two writers:
+//! - the policy engine, for every layer it evaluates (`kind: "policy"`), with the input it was
+//!   given minus anything secret ([`redact_input`]);
+//! - the egress proxy, once per egress decision (`kind: "egress"`), with its flat fields
+//!   (sandbox, host, method, path, code, credentials, latency) plus the OPA fields derived from
+//!   them. The engine does not also log the `egress` layer: the proxy's record is the richer
+//!   one (it covers refusals made before or after policy too), and one line per decision keeps
+//!   the log countable.
+//!
+//! Records carry no header values that authenticate and no query values (those are where
+//! tokens travel), only their keys.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -37,6 +49,128 @@ pub struct DecisionRecord {
     pub latency_us: u64,
 }
 
+/// One policy decision in OPA's decision-log shape, written by the policy engine.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyRecord {
+    /// Always `policy` (egress proxy records say `egress`).
+    pub kind: &'static str,
+    pub decision_id: String,
+    /// The package path, `sandgate/<layer>` (as OPA writes `path`).
+    pub path: String,
+    pub layer: &'static str,
+    /// `allow`, `deny` or `error` (an evaluation error denies).
+    pub decision: &'static str,
+    /// The input document with secrets removed ([`redact_input`]).
+    pub input: serde_json::Value,
+    /// `{allow, deny: [...]}`, plus `action` for egress and `scope` (the scope that refused).
+    pub result: serde_json::Value,
+    pub timestamp: String,
+    pub labels: Labels,
+    pub metrics: PolicyMetrics,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Labels {
+    pub app: &'static str,
+    pub version: &'static str,
+    /// The policy generation that decided.
+    pub generation: u64,
+}
+
+impl Labels {
+    pub fn new(generation: u64) -> Labels {
+        Labels {
+            app: "sandgate",
+            version: env!("CARGO_PKG_VERSION"),
+            generation,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyMetrics {
+    pub timer_rego_eval_ns: u64,
+}
+
+/// What goes through the writer's queue.
+#[derive(Debug)]
+enum Entry {
+    Egress(DecisionRecord),
+    Policy(PolicyRecord),
+}
+
+/// An egress record as written: its own fields, flat (what existing readers use), plus the
+/// OPA fields. The egress input is summarised from the record (the proxy does not keep the
+/// policy input around), and the timer is the whole decision's, as OPA's
+/// `timer_server_handler_ns`. `path` keeps its older meaning here (the request path, query
+/// values removed), so the package path is in `policy_path`.
+#[derive(Serialize)]
+struct EgressLine<'a> {
+    #[serde(flatten)]
+    record: &'a DecisionRecord,
+    decision_id: String,
+    layer: &'static str,
+    policy_path: &'static str,
+    input: serde_json::Value,
+    result: serde_json::Value,
+    timestamp: &'a str,
+    labels: Labels,
+    metrics: EgressMetrics,
+}
+
+#[derive(Serialize)]
+struct EgressMetrics {
+    timer_server_handler_ns: u64,
+}
+
+impl Entry {
+    fn to_json(&self) -> serde_json::Result<Vec<u8>> {
+        match self {
+            Entry::Policy(record) => serde_json::to_vec(record),
+            Entry::Egress(record) => {
+                let mut request = serde_json::Map::new();
+                if let Some(method) = &record.method {
+                    request.insert("method".into(), method.clone().into());
+                }
+                if let Some(path) = &record.path {
+                    request.insert("path".into(), path.clone().into());
+                }
+                let mut input = serde_json::json!({
+                    "phase": record.phase,
+                    "sandbox": {"id": record.sandbox, "workspace": record.workspace},
+                    "destination": {"host": record.host, "port": record.port, "ip": record.ip},
+                });
+                if !request.is_empty() {
+                    input["request"] = request.into();
+                }
+                let mut result = serde_json::json!({
+                    "allow": record.decision == "allow",
+                    "deny": if record.decision == "allow" { Vec::new() } else { record.reasons.clone() },
+                });
+                if let Some(action) = &record.action {
+                    result["action"] = action.clone().into();
+                }
+                if let Some(code) = record.code {
+                    result["code"] = code.into();
+                }
+                serde_json::to_vec(&EgressLine {
+                    record,
+                    decision_id: new_decision_id(),
+                    layer: "egress",
+                    policy_path: "sandgate/egress",
+                    input,
+                    result,
+                    timestamp: &record.ts,
+                    labels: Labels::new(record.policy_generation),
+                    metrics: EgressMetrics {
+                        timer_server_handler_ns: record.latency_us.saturating_mul(1000),
+                    },
+                })
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Sink {
     Stdout,
@@ -58,7 +192,7 @@ impl Sink {
 
 #[derive(Debug, Clone)]
 pub struct DecisionLog {
-    tx: Option<mpsc::Sender<DecisionRecord>>,
+    tx: Option<mpsc::Sender<Entry>>,
 }
 
 impl DecisionLog {
@@ -81,16 +215,16 @@ impl DecisionLog {
                 )
             }
         };
-        let (tx, mut rx) = mpsc::channel::<DecisionRecord>(65_536);
+        let (tx, mut rx) = mpsc::channel::<Entry>(65_536);
         std::thread::Builder::new()
             .name("sandgate-decision-log".into())
             .spawn(move || {
                 while let Some(record) = rx.blocking_recv() {
-                    let mut line = serde_json::to_vec(&record).unwrap_or_default();
+                    let mut line = record.to_json().unwrap_or_default();
                     line.push(b'\n');
                     // Drain what is already queued before flushing: one write per burst.
                     while let Ok(next) = rx.try_recv() {
-                        if let Ok(more) = serde_json::to_vec(&next) {
+                        if let Ok(more) = next.to_json() {
                             line.extend_from_slice(&more);
                             line.push(b'\n');
                         }
@@ -109,12 +243,121 @@ impl DecisionLog {
     }
 
     pub fn record(&self, record: DecisionRecord) {
+        self.send(Entry::Egress(record));
+    }
+
+    /// Queues a policy engine record (see [`PolicyRecord`]).
+    pub fn record_policy(&self, record: PolicyRecord) {
+        self.send(Entry::Policy(record));
+    }
+
+    fn send(&self, entry: Entry) {
         if let Some(tx) = &self.tx {
-            if tx.try_send(record).is_err() {
+            if tx.try_send(entry).is_err() {
                 metrics::counter!("sandgate_decision_log_dropped_total").increment(1);
             }
         }
     }
+}
+
+/// A random (version 4) UUID, as OPA's `decision_id`.
+pub fn new_decision_id() -> String {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 16];
+    if ring::rand::SystemRandom::new().fill(&mut b).is_err() {
+        // Uniqueness is what matters for a log key; fall back to time and a counter.
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        b[..8].copy_from_slice(&now.to_be_bytes());
+        b[8..].copy_from_slice(
+            &COUNTER
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .to_be_bytes(),
+        );
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// Header names whose values authenticate: never logged, wherever they appear in an input.
+const SECRET_KEYS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "x-api-key",
+    "api-key",
+    "x-auth-token",
+    "secret",
+    "password",
+    "token",
+];
+
+const REDACTED: &str = "[redacted]";
+
+/// Removes secrets from an input document before it is logged. Inputs are built not to
+/// hold secrets (credentials are named, proxy credentials are not shown), but policy inputs
+/// grow and are sometimes built by hand (`policy eval`), so this is the last line:
+/// - the value of any key named like an authenticating header (`authorization`, `cookie`,
+///   `proxy-authorization`, ...) or `secret`/`password`/`token`, at any depth;
+/// - credential placeholders (`sgph_…`) anywhere in a string: a placeholder is exchanged for
+///   a real secret by the proxy, so it is as good as one for the sandbox that holds it;
+/// - query values in any `path` (`/p?token=x` → `/p?token=`), as the egress log does.
+pub fn redact_input(value: &mut serde_json::Value) {
+    use serde_json::Value as J;
+    match value {
+        J::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                let lower = key.to_ascii_lowercase();
+                if SECRET_KEYS.contains(&lower.as_str()) && !v.is_null() {
+                    *v = J::String(REDACTED.into());
+                    continue;
+                }
+                if lower == "path" {
+                    if let J::String(s) = v {
+                        *s = redact_query(s);
+                    }
+                }
+                redact_input(v);
+            }
+        }
+        J::Array(items) => items.iter_mut().for_each(redact_input),
+        J::String(s) if s.contains(crate::credentials::seal::PLACEHOLDER_PREFIX) => {
+            *s = redact_placeholders(s);
+        }
+        _ => {}
+    }
+}
+
+/// `… sgph_abc123 …` → `… sgph_[redacted] …`: the prefix stays so a reader sees that a
+/// placeholder was there.
+fn redact_placeholders(text: &str) -> String {
+    let prefix = crate::credentials::seal::PLACEHOLDER_PREFIX;
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(prefix) {
+        out.push_str(&rest[..at + prefix.len()]);
+        out.push_str(REDACTED);
+        let tail = &rest[at + prefix.len()..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+            .unwrap_or(tail.len());
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `/path?a=1&b=x` → `/path?a=&b=`: keys stay (useful to read), values go (they carry tokens).
@@ -158,5 +401,51 @@ mod tests {
             "/a/b?token=&x=&flag="
         );
         assert_eq!(redact_query("/plain"), "/plain");
+    }
+
+    #[test]
+    fn inputs_lose_authenticating_headers_placeholders_and_query_values() {
+        let mut input = serde_json::json!({
+            "request": {
+                "method": "GET",
+                "path": "/repos?access_token=abc&x=1",
+                "headers": {"Authorization": "Bearer s3cret", "cookie": "sid=1",
+                            "proxy-authorization": "Basic eA==", "accept": "*/*",
+                            "x-custom": "token sgph_0123abcdEF-_ and more"}
+            },
+            "list": ["sgph_aaaa", "plain"],
+            "credential": {"name": "github", "secret": "never"}
+        });
+        redact_input(&mut input);
+        let text = input.to_string();
+        for secret in [
+            "s3cret",
+            "sid=1",
+            "eA==",
+            "0123abcd",
+            "sgph_aaaa",
+            "never",
+            "abc",
+        ] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert_eq!(input["request"]["headers"]["accept"], "*/*");
+        assert_eq!(input["request"]["path"], "/repos?access_token=&x=");
+        assert_eq!(
+            input["request"]["headers"]["x-custom"],
+            "token sgph_[redacted] and more"
+        );
+        assert_eq!(input["credential"]["name"], "github");
+        assert_eq!(input["list"][1], "plain");
+    }
+
+    #[test]
+    fn decision_ids_are_version_4_uuids() {
+        let a = new_decision_id();
+        let b = new_decision_id();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "4");
+        assert!("89ab".contains(&a[19..20]));
     }
 }

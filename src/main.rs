@@ -234,6 +234,7 @@ fn policy_command(command: PolicyCommand, default_dir: &std::path::Path) -> anyh
                         sandgate::policy::LAYERS
                     )
                 })?;
+            let scopes = engine.scopes_for(layer, &value);
             let decision = engine.evaluate(layer, value);
             println!(
                 "{}",
@@ -242,6 +243,8 @@ fn policy_command(command: PolicyCommand, default_dir: &std::path::Path) -> anyh
                     "allowed": decision.allowed,
                     "reasons": decision.reasons,
                     "action": decision.action,
+                    "scopes": scopes,
+                    "deny_scope": decision.deny_scope.as_deref(),
                     "eval_us": decision.eval_time.as_micros() as u64,
                 }))?
             );

@@ -6,6 +6,7 @@ pub mod body;
 pub mod credentials;
 pub mod delegations;
 pub mod identities;
+pub mod policies;
 pub mod routes;
 pub mod sandbox_ops;
 pub mod sandboxes;
@@ -46,6 +47,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(metrics))
         .merge(credentials::routes())
         .merge(identities::routes())
+        .merge(policies::routes())
         .merge(sandboxes::routes())
         .merge(sandbox_ops::routes())
         .merge(delegations::routes())

@@ -100,8 +100,17 @@ pub async fn explain(
         super::delegations::list,
         super::delegations::revoke,
         explain,
+        super::policies::read,
     ),
-    components(schemas(super::sandbox_ops::ExecBody, super::delegations::MintBody)),
+    components(schemas(
+        super::sandbox_ops::ExecBody,
+        super::delegations::MintBody,
+        crate::policy::PolicyReport,
+        crate::policy::LayerReport,
+        crate::policy::ScopeReport,
+        crate::policy::Fallback,
+        crate::policy::ReloadError
+    )),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;

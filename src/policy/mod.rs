@@ -14,18 +14,26 @@
 //! - The compiled generation is shared; each worker thread keeps its own clone of the
 //!   engine (regorus evaluation takes `&mut self`), refreshed when the generation changes,
 //!   so nothing is parsed on the request path.
+//! - Every evaluation counts in `sandgate_policy_decisions_total{layer, outcome}` and
+//!   `sandgate_policy_eval_seconds{layer}`, and, when a decision log is attached
+//!   ([`PolicyEngine::set_decision_log`]), writes one OPA-shaped record. Nothing is built for
+//!   the log when it is off: the egress path evaluates per request.
 
 pub mod input;
+mod probe;
+pub mod scope;
 pub mod testing;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use regorus::Value;
+
+use crate::decision_log::{DecisionLog, Labels, PolicyMetrics, PolicyRecord};
 
 /// The layers sandgate knows; each has its package `sandgate.<layer>`.
 pub const LAYERS: &[&str] = &[
@@ -45,6 +53,13 @@ pub enum PolicyError {
     File { file: String, reason: String },
     #[error("policy does not compile: {0}")]
     Compile(String),
+    /// A file whose package does not belong to the scope its folder stands for.
+    #[error("{file}:{line}: {reason}")]
+    Scope {
+        file: String,
+        line: usize,
+        reason: String,
+    },
 }
 
 /// A layer's verdict.
@@ -58,7 +73,15 @@ pub struct Decision {
     pub action: String,
     pub generation: u64,
     pub eval_time: Duration,
+    /// The decision log record's id, when one was written (to correlate a refusal with it).
+    pub decision_id: Option<String>,
+    /// When refused, the scope that decided: the first with an explicit deny, else the first
+    /// that did not allow (`platform`, or `workspaces/<ws>`).
+    pub deny_scope: Option<Arc<str>>,
 }
+
+/// The platform scope's name.
+pub const PLATFORM_SCOPE: &str = "platform";
 
 struct Generation {
     number: u64,
@@ -71,12 +94,57 @@ struct Generation {
     programs: HashMap<&'static str, Arc<LayerProgram>>,
     /// `data` for the VMs (the interpreter has it inside its engine).
     data: Value,
+    /// Workspace scopes: workspace → layer → its rules (see [`scope`]).
+    scoped: HashMap<String, HashMap<&'static str, Arc<ScopeLayer>>>,
+    platform_scope: Arc<str>,
+    /// Layers and scopes left to the interpreter because the bytecode disagreed.
+    fallbacks: Vec<Fallback>,
+}
+
+/// A layer (in a scope) evaluated by the interpreter although bytecode was chosen, because
+/// the two disagreed on a probe input at load.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct Fallback {
+    pub scope: String,
+    pub layer: &'static str,
+    pub reason: String,
+}
+
+impl Fallback {
+    fn new(scope: &str, layer: &'static str, reason: String) -> Fallback {
+        Fallback {
+            scope: scope.to_string(),
+            layer,
+            reason,
+        }
+    }
+}
+
+/// A layer's rules in one workspace scope.
+struct ScopeLayer {
+    /// `workspaces/<ws>`.
+    name: Arc<str>,
+    /// Distinguishes the scope's VMs and wrapper package (`sandgate_internal.s<index>`).
+    index: u32,
+    /// Whether any of its files declares `allow`: a scope that does not only restricts.
+    has_allow: bool,
+    program: Option<Arc<LayerProgram>>,
 }
 
 struct LayerProgram {
     program: Arc<regorus::rvm::program::Program>,
-    allow: String,
+    /// `None`: the rules define no `allow` (only for workspace scopes; allows).
+    allow: Option<String>,
     deny: Option<String>,
+    action: Option<String>,
+}
+
+/// One scope's answer before composition.
+#[derive(Debug, Clone, PartialEq)]
+struct Verdict {
+    allow: bool,
+    deny: Vec<String>,
+    /// `None` when the rules do not set it.
     action: Option<String>,
 }
 
@@ -87,6 +155,56 @@ pub struct PolicyStatus {
     pub files: Vec<String>,
     pub last_error: Option<String>,
     pub loaded_at_unix: u64,
+}
+
+/// `GET /v1/policies`.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct PolicyReport {
+    /// The generation serving decisions now.
+    pub generation: u64,
+    /// When that generation was loaded (RFC 3339).
+    pub loaded_at: String,
+    pub dir: String,
+    #[schema(value_type = String, example = "bytecode")]
+    pub evaluator: Evaluator,
+    /// Files of the serving generation (`.rego` and `data.json`), relative to `dir`.
+    pub files: Vec<String>,
+    pub layers: LayerReport,
+    /// Workspace scopes (`workspaces/<ws>/`) and the layers each has rules for.
+    pub scopes: Vec<ScopeReport>,
+    /// With the bytecode evaluator: layers left to the interpreter because the two
+    /// disagreed on a probe input when the generation loaded.
+    pub fallbacks: Vec<Fallback>,
+    /// The newest reload failure, while the files on disk still fail to load; the
+    /// generation above keeps serving meanwhile.
+    pub last_error: Option<ReloadError>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct LayerReport {
+    /// Layers whose package `sandgate.<layer>` is loaded.
+    pub present: Vec<&'static str>,
+    /// Known layers with no package: every decision of theirs is a default deny.
+    pub missing: Vec<&'static str>,
+    /// Present layers evaluated by the bytecode VM (the others by the interpreter).
+    pub bytecode: Vec<&'static str>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ScopeReport {
+    /// `workspaces/<ws>`.
+    pub scope: String,
+    pub layers: Vec<&'static str>,
+    /// Of those, the ones evaluated by the bytecode VM.
+    pub bytecode: Vec<&'static str>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ReloadError {
+    /// What failed, with `file:line` when the parser knows it.
+    pub message: String,
+    /// When it was first seen (RFC 3339).
+    pub at: String,
 }
 
 /// How decisions are computed. Both evaluate the same compiled policy; a differential test
@@ -108,11 +226,20 @@ pub struct PolicyEngine {
     /// Distinguishes engines in one process (tests run several) in the thread-local cache.
     instance: u64,
     current: RwLock<Arc<Generation>>,
-    last_error: RwLock<Option<String>>,
+    /// The newest reload failure and when it happened; cleared by the next good load.
+    last_error: RwLock<Option<(String, SystemTime)>>,
     /// Fingerprint of files that failed to load, so they are not recompiled every tick.
     rejected: RwLock<Option<Vec<(String, u64, SystemTime)>>>,
     loaded_at: RwLock<SystemTime>,
     next_generation: AtomicU64,
+    /// Where decisions are logged, set once by the server (tools and tests run without).
+    log: OnceLock<EngineLog>,
+}
+
+struct EngineLog {
+    log: DecisionLog,
+    /// Layers whose caller writes its own, richer record (egress: the proxy).
+    skip: &'static [&'static str],
 }
 
 impl std::fmt::Debug for PolicyEngine {
@@ -126,7 +253,8 @@ impl std::fmt::Debug for PolicyEngine {
 
 static INSTANCES: AtomicU64 = AtomicU64::new(1);
 
-type VmKey = (u64, &'static str);
+/// (engine instance, layer, scope: 0 for the platform, else a workspace scope's index).
+type VmKey = (u64, &'static str, u32);
 
 thread_local! {
     static WORKER_ENGINES: RefCell<HashMap<u64, (u64, regorus::Engine)>> = RefCell::new(HashMap::new());
@@ -151,7 +279,22 @@ impl PolicyEngine {
             rejected: RwLock::new(None),
             loaded_at: RwLock::new(SystemTime::now()),
             next_generation: AtomicU64::new(2),
+            log: OnceLock::new(),
         })
+    }
+
+    /// Logs every decision of every layer except `skip` (whose callers log their own) to
+    /// `log`. Set once; later calls are ignored.
+    pub fn set_decision_log(&self, log: DecisionLog, skip: &'static [&'static str]) {
+        let _ = self.log.set(EngineLog { log, skip });
+    }
+
+    /// The log to write `layer`'s decisions to, if any: checked before anything is built.
+    fn log_for(&self, layer: &str) -> Option<&DecisionLog> {
+        self.log
+            .get()
+            .filter(|l| l.log.enabled() && !l.skip.contains(&layer))
+            .map(|l| &l.log)
     }
 
     pub fn generation(&self) -> u64 {
@@ -174,7 +317,8 @@ impl PolicyEngine {
                 .last_error
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
-                .clone(),
+                .as_ref()
+                .map(|(text, _)| text.clone()),
             loaded_at_unix: self
                 .loaded_at
                 .read()
@@ -182,6 +326,69 @@ impl PolicyEngine {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+        }
+    }
+
+    /// Everything `GET /v1/policies` shows: what is loaded and serving, and what failed.
+    pub fn report(&self) -> PolicyReport {
+        let current = self.current();
+        let rfc3339 = |t: SystemTime| {
+            time::OffsetDateTime::from(t)
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default()
+        };
+        let last_error = self
+            .last_error
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|(message, at)| ReloadError {
+                message: message.clone(),
+                at: rfc3339(*at),
+            });
+        let loaded_at = *self.loaded_at.read().unwrap_or_else(|e| e.into_inner());
+        let mut bytecode: Vec<&'static str> = current.programs.keys().copied().collect();
+        bytecode.sort_by_key(|l| LAYERS.iter().position(|x| x == l));
+        PolicyReport {
+            generation: current.number,
+            loaded_at: rfc3339(loaded_at),
+            dir: self.dir.display().to_string(),
+            evaluator: self.evaluator,
+            files: current.files.clone(),
+            layers: LayerReport {
+                present: current.present_layers.clone(),
+                missing: LAYERS
+                    .iter()
+                    .copied()
+                    .filter(|l| !current.present_layers.contains(l))
+                    .collect(),
+                bytecode,
+            },
+            scopes: {
+                let mut scopes: Vec<ScopeReport> = current
+                    .scoped
+                    .values()
+                    .filter_map(|layers| {
+                        let name = layers.values().next()?.name.to_string();
+                        let mut present: Vec<&'static str> = layers.keys().copied().collect();
+                        present.sort_by_key(|l| LAYERS.iter().position(|x| x == l));
+                        let bytecode = present
+                            .iter()
+                            .copied()
+                            .filter(|l| layers[l].program.is_some())
+                            .collect();
+                        Some(ScopeReport {
+                            scope: name,
+                            layers: present,
+                            bytecode,
+                        })
+                    })
+                    .collect();
+                scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+                scopes
+            },
+            fallbacks: current.fallbacks.clone(),
+            last_error,
         }
     }
 
@@ -230,12 +437,13 @@ impl PolicyEngine {
     fn record_failure(&self, e: PolicyError) {
         let text = e.to_string();
         let mut last = self.last_error.write().unwrap_or_else(|e| e.into_inner());
-        if last.as_deref() != Some(text.as_str()) {
+        // The same failure seen again keeps its first time: that is when it started.
+        if last.as_ref().map(|(t, _)| t.as_str()) != Some(text.as_str()) {
             metrics::counter!("sandgate_policy_reloads_total", "outcome" => "rejected")
                 .increment(1);
             tracing::error!(error = %text, "policy reload rejected; the last good policy keeps serving");
+            *last = Some((text, SystemTime::now()));
         }
-        *last = Some(text);
     }
 
     /// Polls the directory every `interval` until the returned task is dropped/aborted.
@@ -254,60 +462,123 @@ impl PolicyEngine {
         })
     }
 
-    /// Evaluates one layer for `input`.
-    pub fn evaluate(&self, layer: &'static str, input: Value) -> Decision {
-        let started = Instant::now();
+    /// The scopes that apply to `input` for `layer`, in evaluation order (for `policy eval`).
+    pub fn scopes_for(&self, layer: &str, input: &Value) -> Vec<String> {
         let generation = self.current();
-        if !generation.present_layers.contains(&layer) {
-            return Decision {
-                allowed: false,
-                reasons: vec![format!(
-                    "no policy is loaded for layer {layer} (default deny)"
-                )],
-                action: "inspect".into(),
-                generation: generation.number,
-                eval_time: started.elapsed(),
-            };
+        let mut out = vec![PLATFORM_SCOPE.to_string()];
+        if let Some(scope) = scope_for(&generation, layer, input) {
+            out.push(scope.name.to_string());
         }
-        let result = match generation.programs.get(layer) {
-            Some(program) => self.run_program(&generation, layer, program, input),
-            None => Self::run_interpreter(self.instance, &generation, layer, input),
-        };
-        let eval_time = started.elapsed();
-        metrics::histogram!("sandgate_policy_eval_seconds", "layer" => layer)
-            .record(eval_time.as_secs_f64());
-        match result {
-            Ok(mut decision) => {
-                decision.generation = generation.number;
-                decision.eval_time = eval_time;
-                decision
-            }
-            Err(e) => {
-                tracing::warn!(layer, error = %e, "policy evaluation failed; denying");
-                metrics::counter!("sandgate_policy_eval_errors_total", "layer" => layer)
-                    .increment(1);
-                Decision {
-                    allowed: false,
-                    reasons: vec![format!("policy evaluation error in layer {layer}")],
-                    action: "inspect".into(),
-                    generation: generation.number,
-                    eval_time,
-                }
-            }
-        }
+        out
     }
 
-    /// The fast path: the layer's bytecode on this worker's VM.
+    /// Evaluates one layer for `input`: the platform scope's rules, and those of the input's
+    /// workspace scope when it has some for this layer. Allowed only when every applicable
+    /// scope allows and none denies (see [`scope`]).
+    pub fn evaluate(&self, layer: &'static str, input: Value) -> Decision {
+        let started = Instant::now();
+        // Only a logged decision keeps its input (a cheap reference-counted clone).
+        let log = self.log_for(layer);
+        let logged_input = log.map(|_| input.clone());
+        let generation = self.current();
+        let (mut decision, outcome) = if !generation.present_layers.contains(&layer) {
+            (
+                refusal(
+                    format!("no policy is loaded for layer {layer} (default deny)"),
+                    &generation.platform_scope,
+                ),
+                "deny",
+            )
+        } else {
+            let scope = scope_for(&generation, layer, &input);
+            let scope_input = scope.map(|_| input.clone());
+            let platform = match generation.programs.get(layer) {
+                Some(program) => self.run_program(&generation, layer, 0, program, input),
+                None => Self::run_interpreter(
+                    self.instance,
+                    &generation,
+                    &format!("data.sandgate_internal.{layer}.decision"),
+                    input,
+                ),
+            };
+            let scoped = match (scope, scope_input) {
+                (Some(scope), Some(input)) => {
+                    Some((scope, self.run_scope(&generation, layer, scope, input)))
+                }
+                _ => None,
+            };
+            match (platform, scoped) {
+                (Err(e), _) => (
+                    self.eval_error(layer, &generation.platform_scope, e),
+                    "error",
+                ),
+                (Ok(_), Some((scope, Err(e)))) => (self.eval_error(layer, &scope.name, e), "error"),
+                (Ok(platform), scoped) => {
+                    let scoped = scoped.and_then(|(scope, v)| v.ok().map(|v| (&scope.name, v)));
+                    let decision = compose(&generation.platform_scope, platform, scoped);
+                    let outcome = if decision.allowed { "allow" } else { "deny" };
+                    (decision, outcome)
+                }
+            }
+        };
+        let eval_time = started.elapsed();
+        decision.generation = generation.number;
+        decision.eval_time = eval_time;
+        metrics::histogram!("sandgate_policy_eval_seconds", "layer" => layer)
+            .record(eval_time.as_secs_f64());
+        metrics::counter!("sandgate_policy_decisions_total", "layer" => layer, "outcome" => outcome)
+            .increment(1);
+        if let (Some(log), Some(input)) = (log, logged_input) {
+            decision.decision_id = Some(write_record(log, layer, outcome, &decision, &input));
+        }
+        decision
+    }
+
+    fn eval_error(&self, layer: &'static str, scope: &Arc<str>, e: anyhow::Error) -> Decision {
+        tracing::warn!(layer, scope = %scope, error = %e, "policy evaluation failed; denying");
+        metrics::counter!("sandgate_policy_eval_errors_total", "layer" => layer).increment(1);
+        let reason = if &**scope == PLATFORM_SCOPE {
+            format!("policy evaluation error in layer {layer}")
+        } else {
+            format!("policy evaluation error in layer {layer} (scope {scope})")
+        };
+        refusal(reason, scope)
+    }
+
+    fn run_scope(
+        &self,
+        generation: &Generation,
+        layer: &'static str,
+        scope: &ScopeLayer,
+        input: Value,
+    ) -> anyhow::Result<Verdict> {
+        let mut verdict = match &scope.program {
+            Some(program) => self.run_program(generation, layer, scope.index, program, input)?,
+            None => Self::run_interpreter(
+                self.instance,
+                generation,
+                &format!("data.sandgate_internal.s{}.{layer}.decision", scope.index),
+                input,
+            )?,
+        };
+        if !scope.has_allow {
+            verdict.allow = true;
+        }
+        Ok(verdict)
+    }
+
+    /// The fast path: bytecode on this worker's VM for (layer, scope).
     fn run_program(
         &self,
         generation: &Generation,
         layer: &'static str,
+        scope: u32,
         program: &LayerProgram,
         input: Value,
-    ) -> anyhow::Result<Decision> {
+    ) -> anyhow::Result<Verdict> {
         WORKER_VMS.with(|cell| {
             let mut vms = cell.borrow_mut();
-            let key = (self.instance, layer);
+            let key = (self.instance, layer, scope);
             let stale = vms
                 .get(&key)
                 .is_none_or(|(number, _)| *number != generation.number);
@@ -319,7 +590,10 @@ impl PolicyEngine {
             }
             let vm = &mut vms.get_mut(&key).expect("inserted above").1;
             vm.set_input(input);
-            let allow = vm.execute_entry_point_by_name(&program.allow)?;
+            let allow = match &program.allow {
+                Some(rule) => vm.execute_entry_point_by_name(rule)?,
+                None => Value::Bool(true),
+            };
             let deny = match &program.deny {
                 Some(rule) => vm.execute_entry_point_by_name(rule)?,
                 None => Value::Undefined,
@@ -328,21 +602,17 @@ impl PolicyEngine {
                 Some(rule) => vm.execute_entry_point_by_name(rule)?,
                 None => Value::Undefined,
             };
-            let mut fields = std::collections::BTreeMap::new();
-            fields.insert(Value::from("allow"), allow);
-            fields.insert(Value::from("deny"), deny);
-            fields.insert(Value::from("action"), action);
-            Ok(read_decision(&Value::from(fields)))
+            Ok(verdict(&allow, &deny, &action))
         })
     }
 
-    /// The general path: the interpreter evaluating the layer's wrapper rule.
+    /// The general path: the interpreter evaluating a wrapper's `decision` rule.
     fn run_interpreter(
         instance: u64,
         generation: &Generation,
-        layer: &'static str,
+        rule: &str,
         input: Value,
-    ) -> anyhow::Result<Decision> {
+    ) -> anyhow::Result<Verdict> {
         let value = WORKER_ENGINES.with(|cell| {
             let mut engines = cell.borrow_mut();
             let slot = engines
@@ -353,47 +623,154 @@ impl PolicyEngine {
             }
             let engine = &mut slot.1;
             engine.set_input(input);
-            engine.eval_rule(format!("data.sandgate_internal.{layer}.decision"))
+            engine.eval_rule(rule.to_string())
         })?;
-        Ok(read_decision(&value))
+        let field = |name: &str| value[name].clone();
+        Ok(verdict(&field("allow"), &field("deny"), &field("action")))
     }
 }
 
-fn read_decision(value: &Value) -> Decision {
-    let field = |name: &str| {
-        value
-            .as_object()
-            .ok()
-            .and_then(|o| o.get(&Value::from(name)).cloned())
+/// The workspace scope with rules for `layer` that applies to `input`, if any. The input's
+/// workspace is `input.workspace` (creation, provider, lifecycle, action) or
+/// `input.sandbox.workspace` (egress, credential).
+fn scope_for<'g>(generation: &'g Generation, layer: &str, input: &Value) -> Option<&'g ScopeLayer> {
+    if generation.scoped.is_empty() {
+        return None;
+    }
+    let ws = match &input["workspace"] {
+        Value::String(ws) => ws.clone(),
+        _ => match &input["sandbox"]["workspace"] {
+            Value::String(ws) => ws.clone(),
+            _ => return None,
+        },
     };
-    let allow = field("allow")
-        .and_then(|v| v.as_bool().ok().copied())
-        .unwrap_or(false);
-    let mut reasons: Vec<String> = Vec::new();
-    if let Some(deny) = field("deny") {
-        if let Ok(set) = deny.as_set() {
-            for reason in set.iter() {
-                reasons.push(value_text(reason));
-            }
-        } else if let Ok(array) = deny.as_array() {
-            for reason in array.iter() {
-                reasons.push(value_text(reason));
+    generation.scoped.get(&*ws)?.get(layer).map(|s| &**s)
+}
+
+fn refusal(reason: String, scope: &Arc<str>) -> Decision {
+    Decision {
+        allowed: false,
+        reasons: vec![reason],
+        action: "inspect".into(),
+        generation: 0,
+        eval_time: Duration::ZERO,
+        decision_id: None,
+        deny_scope: Some(scope.clone()),
+    }
+}
+
+/// Composes the platform's verdict with a workspace scope's: every scope must allow, any
+/// deny refuses, the reasons of both are given, and the scope that decided is named (an
+/// explicit deny before a missing allow, the platform before the workspace). A workspace
+/// can turn an egress `tunnel` into `inspect`, never the other way.
+fn compose(
+    platform_name: &Arc<str>,
+    platform: Verdict,
+    scoped: Option<(&Arc<str>, Verdict)>,
+) -> Decision {
+    let mut action = platform.action.unwrap_or_else(|| "inspect".into());
+    let mut allowed = platform.allow && platform.deny.is_empty();
+    let mut deny_scope = None;
+    if !platform.deny.is_empty() {
+        deny_scope = Some(platform_name.clone());
+    }
+    let mut reasons = platform.deny;
+    let mut missing_allow = (!platform.allow).then(|| platform_name.clone());
+    if let Some((name, scope)) = scoped {
+        if scope.action.as_deref() == Some("inspect") {
+            action = "inspect".into();
+        }
+        allowed = allowed && scope.allow && scope.deny.is_empty();
+        if deny_scope.is_none() && !scope.deny.is_empty() {
+            deny_scope = Some(name.clone());
+        }
+        if missing_allow.is_none() && !scope.allow {
+            missing_allow = Some(name.clone());
+        }
+        reasons.extend(scope.deny);
+    }
+    if !allowed {
+        if reasons.is_empty() {
+            match &missing_allow {
+                Some(name) if **name != *PLATFORM_SCOPE => reasons.push(format!(
+                    "no rule in scope {name} allowed this (default deny)"
+                )),
+                _ => reasons.push("no rule allowed this (default deny)".into()),
             }
         }
-    }
-    let action = field("action")
-        .and_then(|v| v.as_string().ok().map(|s| s.to_string()))
-        .unwrap_or_else(|| "inspect".into());
-    let allowed = allow && reasons.is_empty();
-    if !allowed && reasons.is_empty() {
-        reasons.push("no rule allowed this (default deny)".into());
+        deny_scope = deny_scope.or(missing_allow);
     }
     Decision {
         allowed,
-        reasons,
+        reasons: if allowed { Vec::new() } else { reasons },
         action,
         generation: 0,
         eval_time: Duration::ZERO,
+        decision_id: None,
+        deny_scope: if allowed { None } else { deny_scope },
+    }
+}
+
+/// Writes one OPA-shaped record for a decision; returns its id.
+fn write_record(
+    log: &DecisionLog,
+    layer: &'static str,
+    outcome: &'static str,
+    decision: &Decision,
+    input: &Value,
+) -> String {
+    let mut input = serde_json::to_value(input).unwrap_or(serde_json::Value::Null);
+    crate::decision_log::redact_input(&mut input);
+    let deny: &[String] = if decision.allowed {
+        &[]
+    } else {
+        &decision.reasons
+    };
+    let mut result = serde_json::json!({"allow": decision.allowed, "deny": deny});
+    if layer == "egress" {
+        result["action"] = decision.action.clone().into();
+    }
+    if let Some(scope) = &decision.deny_scope {
+        result["scope"] = (**scope).into();
+    }
+    let decision_id = crate::decision_log::new_decision_id();
+    log.record_policy(PolicyRecord {
+        kind: "policy",
+        decision_id: decision_id.clone(),
+        path: format!("sandgate/{layer}"),
+        layer,
+        decision: outcome,
+        input,
+        result,
+        timestamp: crate::decision_log::now_rfc3339(),
+        labels: Labels::new(decision.generation),
+        metrics: PolicyMetrics {
+            timer_rego_eval_ns: decision.eval_time.as_nanos() as u64,
+        },
+    });
+    decision_id
+}
+
+fn verdict(allow: &Value, deny: &Value, action: &Value) -> Verdict {
+    let allow = allow.as_bool().ok().copied().unwrap_or(false);
+    let mut reasons: Vec<String> = Vec::new();
+    if let Ok(set) = deny.as_set() {
+        for reason in set.iter() {
+            reasons.push(value_text(reason));
+        }
+    } else if let Ok(array) = deny.as_array() {
+        for reason in array.iter() {
+            reasons.push(value_text(reason));
+        }
+    }
+    let action = match action {
+        Value::String(s) if !s.is_empty() => Some(s.to_string()),
+        _ => None,
+    };
+    Verdict {
+        allow,
+        deny: reasons,
+        action,
     }
 }
 
@@ -414,6 +791,27 @@ import rego.v1
 allow := x if {{ x := data.sandgate.{layer}.allow }} else := false
 deny := x if {{ x := data.sandgate.{layer}.deny }} else := set()
 action := x if {{ x := data.sandgate.{layer}.action }} else := "inspect"
+decision := {{"allow": allow, "deny": deny, "action": action}}
+"#
+    )
+}
+
+/// The wrapper for a workspace scope's layer. Its `action` is empty when the scope does not
+/// set one (a scope only ever narrows, so "no opinion" must differ from `inspect`).
+fn scope_module(index: u32, ws: &str, layer: &str, has_allow: bool) -> String {
+    let rules = scope::workspace_ref(ws, layer);
+    let allow = if has_allow {
+        format!("allow := x if {{ x := {rules}.allow }} else := false")
+    } else {
+        "allow := true".to_string()
+    };
+    format!(
+        r#"package sandgate_internal.s{index}.{layer}
+import rego.v1
+
+{allow}
+deny := x if {{ x := {rules}.deny }} else := set()
+action := x if {{ x := {rules}.action }} else := ""
 decision := {{"allow": allow, "deny": deny, "action": action}}
 "#
     )
@@ -506,16 +904,23 @@ fn build_generation(
 ) -> Result<Generation, PolicyError> {
     // Fingerprint first: a file edited while we read it is then seen as changed next time.
     let fingerprint = fingerprint(dir)?;
-    let (engine, names) = build_engine(dir, false)?;
-    finish_generation(engine, names, fingerprint, number, evaluator)
+    let loaded = build_engine(dir, false)?;
+    finish_generation(loaded, fingerprint, number, evaluator)
+}
+
+/// A directory loaded into an engine.
+pub(crate) struct Loaded {
+    pub engine: regorus::Engine,
+    /// Every file loaded (`.rego` then `data.json`), relative to the directory.
+    pub names: Vec<String>,
+    /// `(file, package)` of every `.rego` file.
+    pub modules: Vec<(String, String)>,
 }
 
 /// Loads the directory's policies and data (and, for `policy test`, the `*_test.rego`
-/// files) into a fresh engine.
-pub(crate) fn build_engine(
-    dir: &Path,
-    include_tests: bool,
-) -> Result<(regorus::Engine, Vec<String>), PolicyError> {
+/// files) into a fresh engine. A file whose package does not match its scope folder is
+/// refused with its `file:line` ([`scope::check_package`]).
+pub(crate) fn build_engine(dir: &Path, include_tests: bool) -> Result<Loaded, PolicyError> {
     let mut files = walk(dir)?;
     if include_tests {
         let tests = std::mem::take(&mut files.tests);
@@ -526,18 +931,22 @@ pub(crate) fn build_engine(
     // OPA semantics: a built-in called with the wrong types is undefined, not an error.
     engine.set_strict_builtin_errors(false);
     let mut names = Vec::new();
+    let mut modules = Vec::new();
     for (rel, path) in &files.rego {
         let text = std::fs::read_to_string(path).map_err(|e| PolicyError::File {
             file: rel.clone(),
             reason: e.to_string(),
         })?;
-        engine
-            .add_policy(rel.clone(), text)
-            .map_err(|e| PolicyError::File {
-                file: rel.clone(),
-                reason: e.to_string(),
-            })?;
+        let package =
+            engine
+                .add_policy(rel.clone(), text.clone())
+                .map_err(|e| PolicyError::File {
+                    file: rel.clone(),
+                    reason: e.to_string(),
+                })?;
+        scope::check_package(rel, &text, &package)?;
         names.push(rel.clone());
+        modules.push((rel.clone(), package));
     }
     for (mount, rel, path) in &files.data {
         let text = std::fs::read_to_string(path).map_err(|e| PolicyError::File {
@@ -559,16 +968,24 @@ pub(crate) fn build_engine(
         })?;
         names.push(rel.clone());
     }
-    Ok((engine, names))
+    Ok(Loaded {
+        engine,
+        names,
+        modules,
+    })
 }
 
 fn finish_generation(
-    mut engine: regorus::Engine,
-    names: Vec<String>,
+    loaded: Loaded,
     fingerprint: Vec<(String, u64, SystemTime)>,
     number: u64,
     evaluator: Evaluator,
 ) -> Result<Generation, PolicyError> {
+    let Loaded {
+        mut engine,
+        names,
+        modules,
+    } = loaded;
     let packages = engine
         .get_packages()
         .map_err(|e| PolicyError::Compile(e.to_string()))?;
@@ -584,12 +1001,43 @@ fn finish_generation(
             present_layers.push(*layer);
         }
     }
-    // Evaluate each layer once so errors that only surface at evaluation time (unsafe
-    // variables, conflicting rules, unknown functions) reject the generation now.
-    for layer in &present_layers {
+    // Workspace scopes, in a stable order (their index names wrappers and VMs).
+    let mut scope_layers: Vec<(String, &'static str)> = packages
+        .iter()
+        .filter_map(|p| scope::scope_layer(p))
+        .collect();
+    scope_layers.sort();
+    scope_layers.dedup();
+    let mut scope_specs = Vec::new();
+    for (index, (ws, layer)) in scope_layers.into_iter().enumerate() {
+        let index = index as u32 + 1;
+        let package = format!("{}{ws}.{layer}", scope::WORKSPACE_PREFIX);
+        let mut has_allow = false;
+        for (file, _) in modules.iter().filter(|(_, p)| *p == package) {
+            has_allow |= engine
+                .has_declared_rule_rooted_at(file, "allow")
+                .map_err(|e| PolicyError::Compile(format!("{file}: {e}")))?;
+        }
+        engine
+            .add_policy(
+                format!("<sandgate:{ws}:{layer}>"),
+                scope_module(index, &ws, layer, has_allow),
+            )
+            .map_err(|e| PolicyError::Compile(e.to_string()))?;
+        scope_specs.push((index, ws, layer, has_allow));
+    }
+    // Evaluate each layer and scope once so errors that only surface at evaluation time
+    // (unsafe variables, conflicting rules, unknown functions) reject the generation now.
+    let wrappers = present_layers
+        .iter()
+        .map(|layer| format!("data.sandgate_internal.{layer}.decision"))
+        .chain(scope_specs.iter().map(|(index, _, layer, _)| {
+            format!("data.sandgate_internal.s{index}.{layer}.decision")
+        }));
+    for rule in wrappers {
         engine.set_input(Value::new_object());
         engine
-            .eval_rule(format!("data.sandgate_internal.{layer}.decision"))
+            .eval_rule(rule)
             .map_err(|e| PolicyError::Compile(e.to_string()))?;
     }
     let data = engine.get_data();
@@ -598,7 +1046,7 @@ fn finish_generation(
         .iter()
         .filter(|_| evaluator == Evaluator::Bytecode)
     {
-        match compile_layer(&mut engine, layer) {
+        match compile_rules(&mut engine, &format!("data.sandgate.{layer}"), true) {
             Ok(program) => {
                 programs.insert(*layer, Arc::new(program));
             }
@@ -609,6 +1057,58 @@ fn finish_generation(
             ),
         }
     }
+    // The bytecode must decide as the interpreter does; a layer that does not on a probe
+    // input is left to the interpreter (see `probe`).
+    let mut fallbacks = Vec::new();
+    programs.retain(|layer, program| {
+        let wrapper = format!("data.sandgate_internal.{layer}.decision");
+        match disagreement(&mut engine, &data, layer, &wrapper, program) {
+            None => true,
+            Some(why) => {
+                fallbacks.push(Fallback::new(PLATFORM_SCOPE, layer, why));
+                false
+            }
+        }
+    });
+    let mut scoped: HashMap<String, HashMap<&'static str, Arc<ScopeLayer>>> = HashMap::new();
+    for (index, ws, layer, has_allow) in scope_specs {
+        let program = match evaluator {
+            Evaluator::Interpreter => None,
+            Evaluator::Bytecode => {
+                match compile_rules(&mut engine, &scope::workspace_ref(&ws, layer), false) {
+                    Ok(program) => Some(Arc::new(program)),
+                    Err(e) => {
+                        tracing::info!(
+                            layer,
+                            workspace = %ws,
+                            error = %e,
+                            "workspace scope evaluated by the interpreter (the bytecode compiler does not support it)"
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        let wrapper = format!("data.sandgate_internal.s{index}.{layer}.decision");
+        let program = program.filter(|program| {
+            match disagreement(&mut engine, &data, layer, &wrapper, program) {
+                None => true,
+                Some(why) => {
+                    fallbacks.push(Fallback::new(&scope::workspace_scope_name(&ws), layer, why));
+                    false
+                }
+            }
+        });
+        scoped.entry(ws.clone()).or_default().insert(
+            layer,
+            Arc::new(ScopeLayer {
+                name: scope::workspace_scope_name(&ws).into(),
+                index,
+                has_allow,
+                program,
+            }),
+        );
+    }
     Ok(Generation {
         number,
         files: names,
@@ -617,25 +1117,115 @@ fn finish_generation(
         present_layers,
         programs,
         data,
+        scoped,
+        platform_scope: PLATFORM_SCOPE.into(),
+        fallbacks,
     })
 }
 
-/// Compiles a layer's `allow`, `deny` and `action` rules (those it defines) to bytecode.
-fn compile_layer(engine: &mut regorus::Engine, layer: &str) -> anyhow::Result<LayerProgram> {
-    let allow = format!("data.sandgate.{layer}.allow");
-    let compiled = engine.compile_with_entrypoint(&allow.as_str().into())?;
-    let defined = |rule: &str| {
-        let path = format!("data.sandgate.{layer}.{rule}");
-        compiled.get_rules().contains_key(&path).then_some(path)
-    };
-    if defined("allow").is_none() {
-        anyhow::bail!("layer {layer} defines no allow rule");
+/// Runs the probe inputs for `layer` through `program` and through the interpreter's
+/// `wrapper`; describes the first disagreement.
+fn disagreement(
+    engine: &mut regorus::Engine,
+    data: &Value,
+    layer: &'static str,
+    wrapper: &str,
+    program: &LayerProgram,
+) -> Option<String> {
+    let mut vm = regorus::rvm::RegoVM::new();
+    vm.load_program(program.program.clone());
+    if let Err(e) = vm.set_data(data.clone()) {
+        return Some(format!("the bytecode VM does not take the data: {e}"));
     }
-    let deny = defined("deny");
-    let action = defined("action");
-    let mut entry_points = vec![allow.as_str()];
-    entry_points.extend(deny.as_deref());
-    entry_points.extend(action.as_deref());
+    let inspect = |v: Verdict| Verdict {
+        action: v.action.or_else(|| Some("inspect".into())),
+        ..v
+    };
+    for input in probe::inputs(layer, data) {
+        vm.set_input(input.clone());
+        let mut run = || -> anyhow::Result<Verdict> {
+            let rule = |name: &Option<String>, vm: &mut regorus::rvm::RegoVM| match name {
+                Some(n) => vm.execute_entry_point_by_name(n),
+                None => Ok(Value::Undefined),
+            };
+            let allow = match &program.allow {
+                Some(n) => vm.execute_entry_point_by_name(n)?,
+                None => Value::Bool(true),
+            };
+            let deny = rule(&program.deny, &mut vm)?;
+            let action = rule(&program.action, &mut vm)?;
+            Ok(verdict(&allow, &deny, &action))
+        };
+        let fast = run();
+        engine.set_input(input.clone());
+        let slow = engine.eval_rule(wrapper.to_string()).map(|value| {
+            let field = |name: &str| value[name].clone();
+            let mut v = verdict(&field("allow"), &field("deny"), &field("action"));
+            if program.allow.is_none() {
+                // A scope without `allow` allows; its wrapper says so too.
+                v.allow = true;
+            }
+            v
+        });
+        let same = match (&fast, &slow) {
+            (Ok(a), Ok(b)) => inspect(a.clone()) == inspect(b.clone()),
+            (Err(_), Err(_)) => true,
+            _ => false,
+        };
+        if !same {
+            let show = |r: &anyhow::Result<Verdict>| match r {
+                Ok(v) => format!("allow={} deny={:?}", v.allow, v.deny),
+                Err(e) => format!("error: {e}"),
+            };
+            let why = format!(
+                "bytecode ({}) and interpreter ({}) disagree on input {}",
+                show(&fast),
+                show(&slow),
+                input.to_json_str().unwrap_or_default().replace('\n', "")
+            );
+            tracing::warn!(layer, %why, "policy layer falls back to the interpreter");
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// Compiles the `allow`, `deny` and `action` rules (those defined) of the package at
+/// `package` (a Rego reference, `data.sandgate.egress`) to bytecode. `allow` is required for
+/// the platform's layers (without it the wrapper's default deny applies, via the
+/// interpreter); a workspace scope may leave it out.
+fn compile_rules(
+    engine: &mut regorus::Engine,
+    package: &str,
+    require_allow: bool,
+) -> anyhow::Result<LayerProgram> {
+    let names = ["allow", "deny", "action"].map(|rule| format!("{package}.{rule}"));
+    // Any defined rule serves as the entry point that compiles the package.
+    let mut compiled = None;
+    for entry in &names {
+        if let Ok(c) = engine.compile_with_entrypoint(&entry.as_str().into()) {
+            compiled = Some(c);
+            break;
+        }
+    }
+    let Some(compiled) = compiled else {
+        anyhow::bail!("{package} defines none of allow, deny, action");
+    };
+    let defined = |path: &String| {
+        compiled
+            .get_rules()
+            .contains_key(path)
+            .then(|| path.clone())
+    };
+    let [allow, deny, action] = names.each_ref().map(defined);
+    if require_allow && allow.is_none() {
+        anyhow::bail!("{package} defines no allow rule");
+    }
+    let entry_points: Vec<&str> = [&allow, &deny, &action]
+        .into_iter()
+        .flatten()
+        .map(|s| s.as_str())
+        .collect();
     let program = regorus::languages::rego::compiler::Compiler::compile_from_policy(
         &compiled,
         &entry_points,
@@ -723,18 +1313,19 @@ mod bytecode_tests {
                 ("wild.test", "GET"),
             ] {
                 let fast = engine
-                    .run_program(&generation, layer, program, input(host, method))
+                    .run_program(&generation, layer, 0, program, input(host, method))
                     .unwrap();
                 let slow = PolicyEngine::run_interpreter(
                     engine.instance,
                     &generation,
-                    layer,
+                    &format!("data.sandgate_internal.{layer}.decision"),
                     input(host, method),
                 )
                 .unwrap();
+                let inspect = |v: &Verdict| v.action.clone().unwrap_or_else(|| "inspect".into());
                 assert_eq!(
-                    (fast.allowed, &fast.reasons, &fast.action),
-                    (slow.allowed, &slow.reasons, &slow.action),
+                    (fast.allow, &fast.deny, inspect(&fast)),
+                    (slow.allow, &slow.deny, inspect(&slow)),
                     "{layer} {host} {method}"
                 );
             }

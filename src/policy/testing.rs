@@ -45,7 +45,9 @@ impl Report {
 
 /// Compiles every policy and test file in `dir`.
 pub fn check(dir: &Path) -> Result<Vec<String>, PolicyError> {
-    let (mut engine, names) = build_engine(dir, true)?;
+    let super::Loaded {
+        mut engine, names, ..
+    } = build_engine(dir, true)?;
     // Evaluating a trivially defined query forces whole-program checks (unsafe variables,
     // rule conflicts, unknown functions) that parsing alone does not make.
     engine.set_input(Value::new_object());
@@ -58,7 +60,7 @@ pub fn check(dir: &Path) -> Result<Vec<String>, PolicyError> {
 /// Runs every `test_*` rule of every `*_test.rego` file under `dir`, optionally only those
 /// whose `package.rule` name contains `filter`.
 pub fn run(dir: &Path, filter: Option<&str>) -> Result<Report, PolicyError> {
-    let (engine, _) = build_engine(dir, true)?;
+    let engine = build_engine(dir, true)?.engine;
     let mut report = Report::default();
     for (file, package, rule) in discover(dir)? {
         let full = format!("{package}.{rule}");

@@ -396,7 +396,10 @@ impl Gateway {
             }
         }
         for (name, text) in &options.extra_policies {
-            std::fs::write(policy_dir.join(name), text).unwrap();
+            let path = policy_dir.join(name);
+            // Scope folders (`workspaces/<ws>/...`) are created as needed.
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
         }
         let decision_log = dir.path().join("decisions.jsonl");
         let mut toml = String::new();
@@ -474,20 +477,37 @@ impl Gateway {
         builder.build().unwrap()
     }
 
-    /// Decision records written so far (waits briefly for the writer thread).
+    /// Egress decision records (`kind: "egress"`) written so far (waits briefly for the
+    /// writer thread).
     pub async fn decisions(&self, min: usize) -> Vec<serde_json::Value> {
+        self.log_records(min, |r| r["kind"] == "egress").await
+    }
+
+    /// Policy engine records (`kind: "policy"`) of `layer`.
+    pub async fn policy_decisions(&self, layer: &str, min: usize) -> Vec<serde_json::Value> {
+        self.log_records(min, |r| r["kind"] == "policy" && r["layer"] == layer)
+            .await
+    }
+
+    /// Decision log lines matching `keep`, once at least `min` are there.
+    pub async fn log_records(
+        &self,
+        min: usize,
+        keep: impl Fn(&serde_json::Value) -> bool,
+    ) -> Vec<serde_json::Value> {
         for _ in 0..100 {
             let records: Vec<serde_json::Value> = std::fs::read_to_string(&self.decision_log)
                 .unwrap_or_default()
                 .lines()
                 .filter_map(|l| serde_json::from_str(l).ok())
+                .filter(|r| keep(r))
                 .collect();
             if records.len() >= min {
                 return records;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        panic!("fewer than {min} decision records were written");
+        panic!("fewer than {min} matching decision records were written");
     }
 
     /// A CONNECT tunnel to `host:port` as sandbox `id`, then TLS with `sni` and `alpn`,
