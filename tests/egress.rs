@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -859,5 +860,69 @@ async fn unreachable_or_unresolvable_upstreams_are_reported_with_their_codes() {
     let response = client.get("http://nowhere.invalid/").send().await.unwrap();
     assert_eq!(response.status(), 502);
     assert_eq!(response.headers()["x-sandgate-error"], "dns_failed");
+    gw.server.shutdown();
+}
+
+/// Files written in place by an editor or a deploy tool pass through partial states that
+/// can parse. Here the partial state (the file without its last line) denies everything
+/// with a reason no complete version gives: it must never be served, however often the
+/// file is rewritten under load.
+#[tokio::test]
+async fn a_policy_file_rewritten_in_place_under_load_is_never_served_half_written() {
+    let (_ca, origin, gw) = setup().await;
+    let generation = |gw: &Gateway| {
+        let url = gw.api("/healthz");
+        async move {
+            let health: serde_json::Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+            health["policy"]["generation"].as_u64().unwrap()
+        }
+    };
+    let prefix = |n: usize| {
+        format!(
+            "package sandgate.egress\nimport rego.v1\n\n# revision {n}\ndefault complete := false\ndeny contains \"partial file served\" if not complete\n{}\n",
+            "# padding so the write takes more than one syscall\n".repeat(200)
+        )
+    };
+    let path = gw.policy_dir.join("inplace.rego");
+    std::fs::write(&path, format!("{}complete := true\n", prefix(0))).unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let first = generation(&gw).await;
+
+    let writer_path = path.clone();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_writer = stop.clone();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut n = 1;
+        while !stop_writer.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut file = std::fs::File::create(&writer_path).unwrap();
+            file.write_all(prefix(n).as_bytes()).unwrap();
+            file.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            file.write_all(b"complete := true\n").unwrap();
+            drop(file);
+            std::thread::sleep(Duration::from_millis(250));
+            n += 1;
+        }
+    });
+    let client = gw.client("sb-a", false);
+    let url = format!("https://api.a.test:{}/", origin.port());
+    let deadline = std::time::Instant::now() + Duration::from_secs(4);
+    let mut served = 0;
+    while std::time::Instant::now() < deadline {
+        let response = client.get(&url).send().await.unwrap();
+        let status = response.status();
+        let body = response.text().await.unwrap();
+        assert_eq!(status, 200, "a half-written policy was served: {body}");
+        served += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    let last = generation(&gw).await;
+    assert!(served > 20, "{served}");
+    assert!(
+        last >= first + 2,
+        "the rewrites were not loaded: {first} -> {last}"
+    );
     gw.server.shutdown();
 }

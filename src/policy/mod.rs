@@ -10,6 +10,10 @@
 //!   package loaded denies (default deny).
 //! - A loaded set of files is a *generation* with a number. A reload that fails to parse or
 //!   compile never replaces the last good generation; the error is kept for `/healthz`.
+//! - A changed set of files is loaded only once it has stayed the same for one whole poll
+//!   interval, and only if it did not change while being read: an editor or deploy tool
+//!   writing files in place is never caught half way (a truncated file can still parse,
+//!   and would otherwise be served as a policy nobody wrote).
 //! - An evaluation error denies.
 //! - The compiled generation is shared; each worker thread keeps its own clone of the
 //!   engine (regorus evaluation takes `&mut self`), refreshed when the generation changes,
@@ -230,6 +234,8 @@ pub struct PolicyEngine {
     last_error: RwLock<Option<(String, SystemTime)>>,
     /// Fingerprint of files that failed to load, so they are not recompiled every tick.
     rejected: RwLock<Option<Vec<(String, u64, SystemTime)>>>,
+    /// A changed fingerprint seen at the previous poll, waiting to be seen unchanged again.
+    settling: RwLock<Option<Vec<(String, u64, SystemTime)>>>,
     loaded_at: RwLock<SystemTime>,
     next_generation: AtomicU64,
     /// Where decisions are logged, set once by the server (tools and tests run without).
@@ -277,6 +283,7 @@ impl PolicyEngine {
             current: RwLock::new(Arc::new(generation)),
             last_error: RwLock::new(None),
             rejected: RwLock::new(None),
+            settling: RwLock::new(None),
             loaded_at: RwLock::new(SystemTime::now()),
             next_generation: AtomicU64::new(2),
             log: OnceLock::new(),
@@ -415,8 +422,22 @@ impl PolicyEngine {
         {
             return None;
         }
+        {
+            let mut settling = self.settling.write().unwrap_or_else(|e| e.into_inner());
+            if settling.as_ref() != Some(&fingerprint) {
+                // Changed since the last poll: wait until the files stop changing.
+                *settling = Some(fingerprint);
+                return None;
+            }
+            *settling = None;
+        }
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        match build_generation(&self.dir, number, self.evaluator) {
+        let built = build_generation(&self.dir, number, self.evaluator);
+        if fingerprint_of(&self.dir).as_ref() != Some(&fingerprint) {
+            // Written to while being read: what was read may be a mix. Settle again.
+            return None;
+        }
+        match built {
             Ok(generation) => {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(generation);
                 *self.last_error.write().unwrap_or_else(|e| e.into_inner()) = None;
@@ -872,6 +893,10 @@ fn walk(dir: &Path) -> Result<PolicyFiles, PolicyError> {
     files.tests.sort();
     files.data.sort();
     Ok(files)
+}
+
+fn fingerprint_of(dir: &Path) -> Option<Vec<(String, u64, SystemTime)>> {
+    fingerprint(dir).ok()
 }
 
 fn fingerprint(dir: &Path) -> Result<Vec<(String, u64, SystemTime)>, PolicyError> {
