@@ -1077,3 +1077,110 @@ async fn a_delegated_exec_token_execs_but_nothing_else_and_dies_with_its_delegat
     assert!(listed["delegations"][0]["revoked_ms"].is_i64(), "{listed}");
     assert!(!listed.to_string().contains(&token), "a token was listed");
 }
+
+#[tokio::test]
+async fn action_and_lifecycle_scopes_compose_with_deny_wins_and_a_missing_layer_denies() {
+    let scope = vec![
+        (
+            "workspaces/ws-a/action.rego",
+            r#"package sandgate.scopes.workspaces["ws-a"].action
+import rego.v1
+
+allow := true
+
+deny contains "workspace ws-a reads nothing under /home/user/private" if {
+	input.operation == "files.read"
+	startswith(input.file.path, "/home/user/private/")
+}
+"#
+            .to_string(),
+        ),
+        (
+            "workspaces/ws-a/lifecycle.rego",
+            r#"package sandgate.scopes.workspaces["ws-a"].lifecycle
+import rego.v1
+
+deny contains "workspace ws-a never pauses its sandboxes" if input.operation == "pause"
+"#
+            .to_string(),
+        ),
+        (
+            "data.json",
+            json!({"sandgate": {"workspaces": {"ws-a": {"blocked_programs": ["wget"]}}}})
+                .to_string(),
+        ),
+    ];
+    let Some(env) = start("scopes", scope).await else {
+        return;
+    };
+    let a = env.create(TOKEN_A, json!({})).await;
+    let a_id = a["id"].as_str().unwrap();
+    let b = env.create(TOKEN_B, json!({})).await;
+    let b_id = b["id"].as_str().unwrap();
+    let read = |token: &'static str, id: &str| {
+        env.http
+            .get(env.gw.api(&format!(
+                "/v1/sandboxes/{id}/files/content?path=/home/user/private/notes.txt"
+            )))
+            .bearer_auth(token)
+            .send()
+    };
+    for (token, id) in [(TOKEN_A, a_id), (TOKEN_B, b_id)] {
+        let events = env
+            .exec(
+                token,
+                id,
+                &["sh", "-c", "mkdir -p private && echo n > private/notes.txt"],
+            )
+            .await;
+        assert_eq!(events.last().unwrap()["code"], 0, "{events:?}");
+    }
+    // The workspace's deny beats the platform's allow, in its workspace only.
+    let refused = read(TOKEN_A, a_id).await.unwrap();
+    assert_eq!(refused.status(), 403);
+    let body: Value = refused.json().await.unwrap();
+    assert!(body["error"]["details"]["reasons"][0]
+        .as_str()
+        .unwrap()
+        .contains("reads nothing under /home/user/private"));
+    assert_eq!(read(TOKEN_B, b_id).await.unwrap().status(), 200);
+    let (status, _) = env
+        .post(TOKEN_A, &format!("/v1/sandboxes/{a_id}/pause"))
+        .await;
+    assert_eq!(status, 403);
+    let (status, _) = env
+        .post(TOKEN_B, &format!("/v1/sandboxes/{b_id}/pause"))
+        .await;
+    assert_eq!(status, 200);
+    // The workspace's `allow := true` does not restore what the platform refuses.
+    let wget = env
+        .http
+        .post(env.gw.api(&format!("/v1/sandboxes/{a_id}/exec")))
+        .bearer_auth(TOKEN_A)
+        .json(&json!({"argv": ["wget", "-q", "http://x"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wget.status(), 403);
+    // Without the action layer at all, every action is refused (default deny).
+    std::fs::remove_file(env.gw.policy_dir.join("action.rego")).unwrap();
+    let mut denied = None;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let response = env
+            .http
+            .post(env.gw.api(&format!("/v1/sandboxes/{a_id}/exec")))
+            .bearer_auth(TOKEN_A)
+            .json(&json!({"argv": ["true"]}))
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 403 {
+            denied = Some(response.json::<Value>().await.unwrap());
+            break;
+        }
+        let _ = response.text().await;
+    }
+    let denied = denied.expect("exec kept working without an action policy");
+    assert_eq!(denied["error"]["code"], "policy_denied", "{denied}");
+}
