@@ -374,6 +374,83 @@ async fn websocket_echo_through_the_proxy() {
     gw.server.shutdown();
 }
 
+/// RFC 8441: a WebSocket over an h2 stream (extended CONNECT with `:protocol = websocket`)
+/// reaches an origin that speaks WebSocket over HTTP/1.1; sandgate translates, and the
+/// policy decides first (a denied path never reaches the origin).
+#[tokio::test]
+async fn websocket_over_h2_extended_connect_reaches_an_h1_origin() {
+    let (_ca, origin, gw) = setup().await;
+    std::fs::write(
+        gw.policy_dir.join("ws_paths.rego"),
+        "package sandgate.egress\nimport rego.v1\ndeny contains \"no sockets on /forbidden\" if input.request.path == \"/forbidden\"\n",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let tls = gw
+        .tls_tunnel("sb-a", "api.a.test", origin.port(), "api.a.test", &[b"h2"])
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let extended_connect = |path: &str| {
+        let mut request = http::Request::builder()
+            .method("CONNECT")
+            .uri(format!("https://api.a.test:{}{path}", origin.port()))
+            .header("sec-websocket-version", "13")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(hyper::ext::Protocol::from_static("websocket"));
+        request
+    };
+    // Let the server's SETTINGS (which enable extended CONNECT) arrive.
+    sender.ready().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let before = origin.count();
+    let refused = sender
+        .send_request(extended_connect("/forbidden"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    assert_eq!(
+        origin.count(),
+        before,
+        "a refused socket reached the origin"
+    );
+
+    let mut response = sender.send_request(extended_connect("/ws")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let upgraded = hyper::upgrade::on(&mut response).await.unwrap();
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        TokioIo::new(upgraded),
+        tokio_tungstenite::tungstenite::protocol::Role::Client,
+        None,
+    )
+    .await;
+    for text in ["over", "h2", "streams"] {
+        ws.send(tokio_tungstenite::tungstenite::Message::text(text))
+            .await
+            .unwrap();
+        let echoed = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(echoed.into_text().unwrap().as_str(), text);
+    }
+    let seen = origin.last().unwrap();
+    assert_eq!(seen.path, "/ws");
+    assert_eq!(seen.method, "GET");
+    assert_eq!(seen.version, "HTTP/1.1");
+    gw.server.shutdown();
+}
+
 #[tokio::test]
 async fn grpc_style_h2_request_keeps_trailers_both_ways() {
     let (_ca, origin, gw) = setup().await;

@@ -282,7 +282,8 @@ pub(crate) async fn handle(
         }
     }
 
-    let websocket = is_upgrade(&req);
+    let h2_websocket = is_h2_websocket(&req);
+    let websocket = is_upgrade(&req) || h2_websocket;
     let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let mut path = path;
@@ -337,6 +338,26 @@ pub(crate) async fn handle(
     // The client sets Host (h1) or :authority (h2) from the URI, which is the vetted target.
     parts.headers.remove(header::HOST);
     parts.version = Version::HTTP_11;
+    // An h2 WebSocket (RFC 8441) goes upstream as the HTTP/1.1 handshake it stands for;
+    // sandgate makes the key and checks the origin's answer to it.
+    let ws_key = h2_websocket.then(|| {
+        let key = websocket_key();
+        parts.method = Method::GET;
+        parts.extensions.remove::<hyper::ext::Protocol>();
+        let headers = &mut parts.headers;
+        headers.insert(
+            header::CONNECTION,
+            http::HeaderValue::from_static("upgrade"),
+        );
+        headers.insert(header::UPGRADE, http::HeaderValue::from_static("websocket"));
+        if let Ok(value) = http::HeaderValue::from_str(&key) {
+            headers.insert(header::SEC_WEBSOCKET_KEY, value);
+        }
+        headers
+            .entry(header::SEC_WEBSOCKET_VERSION)
+            .or_insert(http::HeaderValue::from_static("13"));
+        key
+    });
     let upstream_req = Request::from_parts(parts, body.boxed());
 
     let wait = Duration::from_secs(state.config.idle_timeout_secs);
@@ -379,6 +400,23 @@ pub(crate) async fn handle(
     record(&state, &target, outcome, started);
 
     let (mut parts, body) = response.into_parts();
+    if let (Some(key), true) = (&ws_key, parts.status == StatusCode::SWITCHING_PROTOCOLS) {
+        let accepted = parts
+            .headers
+            .get(header::SEC_WEBSOCKET_ACCEPT)
+            .is_some_and(|v| v.as_bytes() == websocket_accept(key).as_bytes());
+        if !accepted {
+            let error = ErrorReply::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_failed",
+                format!(
+                    "{} answered the WebSocket handshake with a wrong Sec-WebSocket-Accept",
+                    target.authority
+                ),
+            );
+            return reply(&error);
+        }
+    }
     if parts.status == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_upgrade) = client_upgrade {
             let mut upstream = Response::from_parts(parts.clone(), ());
@@ -398,6 +436,17 @@ pub(crate) async fn handle(
                 )
                 .await;
             });
+            if ws_key.is_some() {
+                // h2 accepts an extended CONNECT with 200; the handshake headers are h1's.
+                parts.status = StatusCode::OK;
+                for name in [
+                    header::CONNECTION,
+                    header::UPGRADE,
+                    header::SEC_WEBSOCKET_ACCEPT,
+                ] {
+                    parts.headers.remove(name);
+                }
+            }
             return Response::from_parts(parts, body.boxed());
         }
     }
@@ -472,6 +521,33 @@ fn misdirected(target: &Target, named: &str) -> ErrorReply {
         ),
     )
     .with_details(json!({"host": target.host, "port": target.port, "named": named}))
+}
+
+/// An RFC 8441 extended CONNECT for a WebSocket.
+fn is_h2_websocket(req: &Request<Incoming>) -> bool {
+    req.version() == Version::HTTP_2
+        && req.method() == Method::CONNECT
+        && req
+            .extensions()
+            .get::<hyper::ext::Protocol>()
+            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
+}
+
+/// A fresh `Sec-WebSocket-Key`: 16 random bytes, base64.
+fn websocket_key() -> String {
+    use base64::Engine as _;
+    let mut bytes = [0u8; 16];
+    crate::tls::ca::rand_bytes(&mut bytes);
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// The `Sec-WebSocket-Accept` an origin must answer `key` with (RFC 6455 section 4.2.2).
+fn websocket_accept(key: &str) -> String {
+    use base64::Engine as _;
+    let mut input = key.as_bytes().to_vec();
+    input.extend_from_slice(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, &input);
+    base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
 }
 
 fn is_upgrade(req: &Request<Incoming>) -> bool {

@@ -174,7 +174,9 @@ async fn serve_http<T>(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(state.config.max_header_bytes as u32)
-        .max_concurrent_streams(256);
+        .max_concurrent_streams(256)
+        // RFC 8441: WebSockets over h2 streams (translated to HTTP/1.1 upstream).
+        .enable_connect_protocol();
     let builder = match alpn_h2 {
         Some(true) => builder.http2_only(),
         Some(false) => builder.http1_only(),
