@@ -233,9 +233,12 @@ impl Default for ProxyConfig {
 pub struct ApiConfig {
     /// Address the API listens on (`/healthz`, `/metrics`, `/v1/...`).
     pub listen: SocketAddr,
-    /// Bearer tokens accepted by `/v1` endpoints and the principal each stands for. With
-    /// none configured every `/v1` call is refused (401).
+    /// Bearer tokens accepted by `/v1` endpoints and the principal each stands for.
     pub tokens: Vec<ApiTokenConfig>,
+    /// With no `tokens`, generate one admin token (principal `local-admin`, workspace
+    /// `default`) into `api-token` next to the database (mode 0600), so the CLI on this
+    /// machine works on the embedded defaults. `false`: no tokens, every `/v1` call is 401.
+    pub generate_local_token: bool,
 }
 
 impl Default for ApiConfig {
@@ -243,6 +246,7 @@ impl Default for ApiConfig {
         ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             tokens: Vec::new(),
+            generate_local_token: true,
         }
     }
 }

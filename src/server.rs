@@ -47,6 +47,11 @@ pub enum StartError {
     Routing(String),
     #[error(transparent)]
     Simulated(#[from] crate::providers::simulated::SimulatedError),
+    #[error("the local API token file {path}: {source}")]
+    LocalToken {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("local provider: {0}")]
     Local(String),
     #[error("decision log: {0}")]
@@ -271,7 +276,7 @@ impl Server {
             policy: policy.clone(),
             identities,
             credentials,
-            auth: Arc::new(crate::api::auth::ApiAuth::from_config(&config.api.tokens)?),
+            auth: Arc::new(api_auth(&config)?),
             metrics,
             proxy_addr,
             ca_cert_path: ca_cert_path.clone(),
@@ -318,6 +323,34 @@ impl Server {
             task.abort();
         }
     }
+}
+
+/// `[[api.tokens]]`, or on the embedded defaults a generated local admin token.
+fn api_auth(config: &Config) -> Result<crate::api::auth::ApiAuth, StartError> {
+    if !config.api.tokens.is_empty() || !config.api.generate_local_token {
+        return Ok(crate::api::auth::ApiAuth::from_config(&config.api.tokens)?);
+    }
+    let file = local_token_file(config);
+    let auth =
+        crate::api::auth::ApiAuth::local_admin(&file).map_err(|source| StartError::LocalToken {
+            path: file.clone(),
+            source,
+        })?;
+    tracing::info!(
+        path = %file.display(),
+        "no [[api.tokens]] configured: the local admin token (workspace `default`) is in this file; the CLI reads it when SANDGATE_TOKEN is not set"
+    );
+    Ok(auth)
+}
+
+/// Where the generated local admin token lives: next to the database.
+pub fn local_token_file(config: &Config) -> PathBuf {
+    config
+        .store
+        .path
+        .parent()
+        .map(|p| p.join("api-token"))
+        .unwrap_or_else(|| PathBuf::from("api-token"))
 }
 
 /// The local sandbox runtime when a pool needs it; the reason it cannot run otherwise.

@@ -136,6 +136,31 @@ fn serve_on_a_config_file_answers_health_and_metrics_and_writes_its_state() {
     }
     let metrics = reqwest::blocking_text(&format!("http://{}/metrics", running.api));
     assert!(metrics.contains("sandgate_"), "{metrics}");
+
+    // With no [[api.tokens]], a local admin token is generated next to the database, and
+    // the CLI run from the same directory uses it without SANDGATE_TOKEN.
+    let token_file = dir.path().join("data/api-token");
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let out = Command::new(BIN)
+        .args(["sandbox", "list"])
+        .current_dir(dir.path())
+        .env("SANDGATE_URL", format!("http://{}", running.api))
+        .env_remove("SANDGATE_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(listed["sandboxes"].is_array(), "{listed}");
+    // Its value never reaches a log line.
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let logs = running.stderr.lock().unwrap().join("\n");
+    assert!(!logs.contains(token.trim()), "the local token was logged");
+    assert!(logs.contains("api-token"), "the token file's path is shown");
 }
 
 #[test]
@@ -450,6 +475,7 @@ mod reqwest {
     pub use ::reqwest::*;
 
     pub fn blocking_get(url: &str) -> serde_json::Value {
+        super::init();
         let url = url.to_string();
         tokio::runtime::Runtime::new()
             .unwrap()
@@ -457,6 +483,7 @@ mod reqwest {
     }
 
     pub fn blocking_text(url: &str) -> String {
+        super::init();
         let url = url.to_string();
         tokio::runtime::Runtime::new()
             .unwrap()

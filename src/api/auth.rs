@@ -115,6 +115,43 @@ impl ApiAuth {
         found
     }
 
+    /// The embedded default's credential: an admin token for workspace `default`, read from
+    /// `file` or generated into it (mode 0600) on first start.
+    pub fn local_admin(file: &std::path::Path) -> std::io::Result<ApiAuth> {
+        if !file.exists() {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)?;
+            }
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(file)?;
+            out.write_all(format!("sgt_{}\n", crate::create::random_hex(24)).as_bytes())?;
+            out.sync_all()?;
+        }
+        let token = std::fs::read_to_string(file)?.trim().to_string();
+        if token.len() < 16 {
+            return Err(std::io::Error::other(format!(
+                "{} holds no usable token; delete it to get a new one",
+                file.display()
+            )));
+        }
+        Ok(ApiAuth {
+            tokens: vec![(
+                token.into_bytes(),
+                Arc::new(Principal {
+                    principal: "local-admin".into(),
+                    workspace: "default".into(),
+                    roles: vec!["admin".into()],
+                    delegation: None,
+                }),
+            )],
+        })
+    }
+
     /// The principal as configured now (a delegation's authority is re-read at each use).
     pub fn principal_named(&self, principal: &str, workspace: &str) -> Option<Arc<Principal>> {
         self.tokens

@@ -194,6 +194,9 @@ pub fn route(cmd: RouteCommand, config: &crate::config::Config) -> Result<i32, C
     Ok(if explanation.order.is_empty() { 1 } else { 0 })
 }
 
+/// Where `sandgate serve` on its embedded defaults writes its local admin token.
+const LOCAL_TOKEN_FILE: &str = "data/api-token";
+
 struct Api {
     base: String,
     token: String,
@@ -203,9 +206,18 @@ struct Api {
 impl Api {
     fn from_env() -> Result<Api, CliError> {
         let base = std::env::var("SANDGATE_URL").unwrap_or_else(|_| "http://127.0.0.1:7070".into());
-        let token = std::env::var("SANDGATE_TOKEN").map_err(|_| {
-            CliError::Usage("set SANDGATE_TOKEN to an API token from [[api.tokens]]".into())
-        })?;
+        // Without SANDGATE_TOKEN, the token `sandgate serve` generates on its embedded
+        // defaults (in ./data, next to the database) is used when it is there.
+        let token = match std::env::var("SANDGATE_TOKEN") {
+            Ok(token) => token,
+            Err(_) => std::fs::read_to_string(LOCAL_TOKEN_FILE)
+                .map(|t| t.trim().to_string())
+                .map_err(|_| {
+                    CliError::Usage(format!(
+                        "set SANDGATE_TOKEN to an API token from [[api.tokens]] (on the embedded defaults, `sandgate serve` writes one to {LOCAL_TOKEN_FILE})"
+                    ))
+                })?,
+        };
         crate::tls::install_default_provider();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(120))
