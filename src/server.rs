@@ -263,6 +263,7 @@ impl Server {
             config: config.create.clone(),
             proxy_addr,
             ca_cert_path: ca_cert_path.clone(),
+            local_proxy_port: config.local.proxy_port,
         });
         let restored = sandboxes.restore().await?;
         if restored > 0 {

@@ -214,6 +214,13 @@ async fn curl_and_python_inside_reach_the_allowed_origin_with_the_secret_injecte
         )
         .await;
     let id = sandbox["id"].as_str().unwrap();
+    // The API describes the environment the sandbox was given, not the host's proxy.
+    assert_eq!(sandbox["egress"]["enforcement"], "namespace");
+    assert_eq!(
+        sandbox["egress"]["env"]["HTTPS_PROXY"],
+        "http://127.0.0.1:3128"
+    );
+    assert_eq!(sandbox["egress"]["ca_cert_path"], "/sandgate/ca.pem");
 
     // The environment: proxy inside the sandbox, the CA placed inside it, a placeholder only.
     let (out, _, code) = env.sh(id, "env").await;

@@ -111,6 +111,8 @@ pub struct CreateDeps {
     pub config: CreateConfig,
     pub proxy_addr: std::net::SocketAddr,
     pub ca_cert_path: PathBuf,
+    /// The proxy port inside local sandboxes (`[local] proxy_port`).
+    pub local_proxy_port: u16,
 }
 
 pub struct Coordinator {
@@ -537,6 +539,15 @@ impl Coordinator {
         if let Some(token) = token {
             let egress = &mut body["egress"];
             egress["token"] = json!(token);
+            if egress["enforcement"] == "namespace" {
+                // A local sandbox's proxy is inside it and needs no credentials.
+                let status = if state == "running" {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::ACCEPTED
+                };
+                return Ok((status, body));
+            }
             egress["proxy_url"] =
                 json!(format!("http://{}:{}@{}", id, token, self.deps.proxy_addr));
             let env = &mut egress["env"];
@@ -594,8 +605,25 @@ impl Coordinator {
                 })
             })
             .collect();
-        let proxy = format!("http://{}:{{token}}@{}", row.id, self.deps.proxy_addr);
-        let ca = self.deps.ca_cert_path.display().to_string();
+        // A local sandbox reaches its own listener inside its namespace, with the CA placed
+        // inside it; the environment shown is the one it was given.
+        let local = placement["pool"]
+            .as_str()
+            .and_then(|p| self.deps.topology.pool(p))
+            .is_some_and(|p| {
+                self.deps.topology.providers()[p.provider].kind
+                    == sandgate_router::ProviderKind::Local
+            });
+        let (proxy_base, proxy, ca) = if local {
+            let base = format!("http://127.0.0.1:{}", self.deps.local_proxy_port);
+            (base.clone(), base, crate::localbox::CA_PATH.to_string())
+        } else {
+            (
+                format!("http://{}", self.deps.proxy_addr),
+                format!("http://{}:{{token}}@{}", row.id, self.deps.proxy_addr),
+                self.deps.ca_cert_path.display().to_string(),
+            )
+        };
         let mut env = serde_json::Map::new();
         for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
             env.insert(var.into(), json!(proxy));
@@ -618,7 +646,8 @@ impl Coordinator {
             "updated_ms": row.updated_ms,
             "egress": {
                 "identity": row.id,
-                "proxy": format!("http://{}", self.deps.proxy_addr),
+                "enforcement": if local { "namespace" } else { "proxy_credentials" },
+                "proxy": proxy_base,
                 "proxy_url": proxy,
                 "ca_cert_path": ca,
                 "env": env,
