@@ -200,8 +200,19 @@ impl Server {
             egress.clone(),
         )));
         let mut router_config = config.router_config();
-        let local = start_local_runtime(&config, &router_config);
-        if let (Ok(runtime), true) = (&local, config.uses_default_topology()) {
+        let wants_local = router_config.providers.iter().any(|p| {
+            p.kind
+                .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
+                == Some(sandgate_router::ProviderKind::Local)
+        });
+        let local = wants_local.then(|| {
+            crate::localbox::LocalRuntime::new(crate::providers::local::runtime_config(
+                &config.local,
+            ))
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+        });
+        if let (Some(Ok(runtime)), true) = (&local, config.uses_default_topology()) {
             // The default pool declares only the resources this machine can enforce.
             let caps = runtime.capabilities();
             let resources = &mut router_config.pools[0].resources;
@@ -228,7 +239,7 @@ impl Server {
             })
             .map(|p| p.name.to_string())
             .collect();
-        if !local_pools.is_empty() {
+        if let Some(local) = local.filter(|_| !local_pools.is_empty()) {
             let adapter: Arc<dyn crate::providers::Provider> = match local {
                 Ok(runtime) => {
                     let ca_pem = std::fs::read(&ca_cert_path)
@@ -352,24 +363,6 @@ pub fn local_token_file(config: &Config) -> PathBuf {
         .parent()
         .map(|p| p.join("api-token"))
         .unwrap_or_else(|| PathBuf::from("api-token"))
-}
-
-/// The local sandbox runtime when a pool needs it; the reason it cannot run otherwise.
-fn start_local_runtime(
-    config: &Config,
-    router: &sandgate_router::RouterConfig,
-) -> Result<Arc<crate::localbox::LocalRuntime>, String> {
-    let wanted = router.providers.iter().any(|p| {
-        p.kind
-            .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
-            == Some(sandgate_router::ProviderKind::Local)
-    });
-    if !wanted {
-        return Err("no pool uses it".into());
-    }
-    crate::localbox::LocalRuntime::new(crate::providers::local::runtime_config(&config.local))
-        .map(Arc::new)
-        .map_err(|e| e.to_string())
 }
 
 fn host_memory_mb() -> Option<u64> {

@@ -104,16 +104,22 @@ impl Env {
         body
     }
 
+    /// Starts a command; the raw streaming response (status not checked).
+    async fn exec_request(&self, token: &str, id: &str, body: Value) -> reqwest::Response {
+        self.http
+            .post(self.gw.api(&format!("/v1/sandboxes/{id}/exec")))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// Runs a command; returns the NDJSON events.
     async fn exec(&self, token: &str, id: &str, argv: &[&str]) -> Vec<Value> {
         let response = self
-            .http
-            .post(self.gw.api(&format!("/v1/sandboxes/{id}/exec")))
-            .bearer_auth(token)
-            .json(&json!({"argv": argv, "timeout_ms": 30000}))
-            .send()
-            .await
-            .unwrap();
+            .exec_request(token, id, json!({"argv": argv, "timeout_ms": 30000}))
+            .await;
         let status = response.status();
         let text = response.text().await.unwrap();
         assert_eq!(status, 200, "{text}");
@@ -469,13 +475,8 @@ async fn exec_streams_stdout_and_stderr_in_order_and_returns_the_exit_code() {
 
     // Cancel by id: the stream ends with reason cancelled.
     let response = env
-        .http
-        .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
-        .bearer_auth(TOKEN_A)
-        .json(&json!({"argv": ["sleep", "30"]}))
-        .send()
-        .await
-        .unwrap();
+        .exec_request(TOKEN_A, id, json!({"argv": ["sleep", "30"]}))
+        .await;
     let mut response = response;
     let first = response.chunk().await.unwrap().unwrap();
     let started: Value = serde_json::from_slice(&first).unwrap();
@@ -496,13 +497,8 @@ async fn exec_streams_stdout_and_stderr_in_order_and_returns_the_exit_code() {
 
     // A client that goes away kills its command.
     let response = env
-        .http
-        .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
-        .bearer_auth(TOKEN_A)
-        .json(&json!({"argv": ["sleep", "31"]}))
-        .send()
-        .await
-        .unwrap();
+        .exec_request(TOKEN_A, id, json!({"argv": ["sleep", "31"]}))
+        .await;
     let mut response = response;
     response.chunk().await.unwrap().unwrap();
     let (out, _, _) = env
@@ -524,14 +520,7 @@ async fn exec_streams_stdout_and_stderr_in_order_and_returns_the_exit_code() {
     assert!(gone, "closing the exec stream did not kill the command");
 
     // An empty argv is refused before anything runs.
-    let response = env
-        .http
-        .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
-        .bearer_auth(TOKEN_A)
-        .json(&json!({"argv": []}))
-        .send()
-        .await
-        .unwrap();
+    let response = env.exec_request(TOKEN_A, id, json!({"argv": []})).await;
     assert_eq!(response.status(), 400);
 }
 
@@ -681,13 +670,8 @@ async fn pause_stops_progress_resume_continues_and_delete_leaves_nothing_behind(
     assert_eq!(count().await, frozen, "a paused sandbox made progress");
     // Exec needs a running sandbox.
     let response = env
-        .http
-        .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
-        .bearer_auth(TOKEN_A)
-        .json(&json!({"argv": ["true"]}))
-        .send()
-        .await
-        .unwrap();
+        .exec_request(TOKEN_A, id, json!({"argv": ["true"]}))
+        .await;
     assert_eq!(response.status(), 409);
     let (status, body) = env
         .post(TOKEN_A, &format!("/v1/sandboxes/{id}/resume"))
@@ -790,13 +774,12 @@ async fn action_and_lifecycle_policy_refuse_before_anything_runs() {
         .await;
     let id = sandbox["id"].as_str().unwrap();
     let response = env
-        .http
-        .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
-        .bearer_auth(TOKEN_A)
-        .json(&json!({"argv": ["/usr/bin/curl", "-s", "https://api.allowed.test"]}))
-        .send()
-        .await
-        .unwrap();
+        .exec_request(
+            TOKEN_A,
+            id,
+            json!({"argv": ["/usr/bin/curl", "-s", "https://api.allowed.test"]}),
+        )
+        .await;
     assert_eq!(response.status(), 403);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "policy_denied");
@@ -957,13 +940,8 @@ async fn a_delegated_exec_token_execs_but_nothing_else_and_dies_with_its_delegat
         (403, Some("delegation_scope"))
     );
     let elsewhere = env
-        .http
-        .post(env.gw.api(&format!("/v1/sandboxes/{other_id}/exec")))
-        .bearer_auth(&token)
-        .json(&json!({"argv": ["true"]}))
-        .send()
-        .await
-        .unwrap();
+        .exec_request(&token, other_id, json!({"argv": ["true"]}))
+        .await;
     assert_eq!(status(elsewhere), 403);
     let delete = env
         .http
@@ -1012,13 +990,8 @@ async fn a_delegated_exec_token_execs_but_nothing_else_and_dies_with_its_delegat
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let response = env
-            .http
-            .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
-            .bearer_auth(&token)
-            .json(&json!({"argv": ["true"]}))
-            .send()
-            .await
-            .unwrap();
+            .exec_request(&token, id, json!({"argv": ["true"]}))
+            .await;
         if response.status() == 403 {
             refused = Some(response.json::<Value>().await.unwrap());
             break;
@@ -1040,13 +1013,8 @@ async fn a_delegated_exec_token_execs_but_nothing_else_and_dies_with_its_delegat
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let response = env
-            .http
-            .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
-            .bearer_auth(&token)
-            .json(&json!({"argv": ["true"]}))
-            .send()
-            .await
-            .unwrap();
+            .exec_request(&token, id, json!({"argv": ["true"]}))
+            .await;
         works = response.status() == 200;
         let _ = response.text().await;
         if works {
@@ -1063,13 +1031,8 @@ async fn a_delegated_exec_token_execs_but_nothing_else_and_dies_with_its_delegat
         .unwrap();
     assert_eq!(response.status(), 204);
     let response = env
-        .http
-        .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
-        .bearer_auth(&token)
-        .json(&json!({"argv": ["true"]}))
-        .send()
-        .await
-        .unwrap();
+        .exec_request(&token, id, json!({"argv": ["true"]}))
+        .await;
     assert_eq!(response.status(), 401);
     let listed: Value = env
         .http
@@ -1161,13 +1124,8 @@ deny contains "workspace ws-a never pauses its sandboxes" if input.operation == 
     assert_eq!(status, 200);
     // The workspace's `allow := true` does not restore what the platform refuses.
     let wget = env
-        .http
-        .post(env.gw.api(&format!("/v1/sandboxes/{a_id}/exec")))
-        .bearer_auth(TOKEN_A)
-        .json(&json!({"argv": ["wget", "-q", "http://x"]}))
-        .send()
-        .await
-        .unwrap();
+        .exec_request(TOKEN_A, a_id, json!({"argv": ["wget", "-q", "http://x"]}))
+        .await;
     assert_eq!(wget.status(), 403);
     // Without the action layer at all, every action is refused (default deny).
     std::fs::remove_file(env.gw.policy_dir.join("action.rego")).unwrap();
@@ -1175,13 +1133,8 @@ deny contains "workspace ws-a never pauses its sandboxes" if input.operation == 
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let response = env
-            .http
-            .post(env.gw.api(&format!("/v1/sandboxes/{a_id}/exec")))
-            .bearer_auth(TOKEN_A)
-            .json(&json!({"argv": ["true"]}))
-            .send()
-            .await
-            .unwrap();
+            .exec_request(TOKEN_A, a_id, json!({"argv": ["true"]}))
+            .await;
         if response.status() == 403 {
             denied = Some(response.json::<Value>().await.unwrap());
             break;

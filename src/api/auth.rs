@@ -196,14 +196,7 @@ async fn delegated(state: &super::ApiState, token: &str) -> Result<Arc<Principal
     {
         Ok(Some(row)) => row,
         Ok(None) => return Err(unauthenticated("unknown delegated token")),
-        Err(e) => {
-            return Err(ErrorReply::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                e.to_string(),
-            )
-            .into_response())
-        }
+        Err(e) => return Err(crate::create::internal(e).into_response()),
     };
     if row.revoked_ms.is_some() {
         return Err(unauthenticated("this delegated token was revoked"));

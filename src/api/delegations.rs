@@ -165,8 +165,7 @@ pub async fn mint(
         revoked_ms: None,
     };
     if let Err(e) = state.sandboxes.store().insert_delegation(&row).await {
-        return ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            .into_response();
+        return crate::create::internal(e).into_response();
     }
     tracing::info!(sandbox = %id, delegation = %row.id, agent = %row.agent, actions = ?row.actions, principal = %caller.principal, "delegation minted");
     (
@@ -204,8 +203,7 @@ pub async fn list(
     }
     match state.sandboxes.store().list_delegations(&id).await {
         Ok(rows) => Json(json!({"delegations": rows})).into_response(),
-        Err(e) => ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            .into_response(),
+        Err(e) => crate::create::internal(e).into_response(),
     }
 }
 
@@ -234,10 +232,7 @@ pub async fn revoke(
             )
             .into_response()
         }
-        Err(e) => {
-            return ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-                .into_response()
-        }
+        Err(e) => return crate::create::internal(e).into_response(),
     }
     match store
         .revoke_delegation(&delegation_id, crate::create::now_ms())
@@ -247,7 +242,6 @@ pub async fn revoke(
             tracing::info!(delegation = %delegation_id, principal = %caller.principal, "delegation revoked");
             StatusCode::NO_CONTENT.into_response()
         }
-        Err(e) => ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            .into_response(),
+        Err(e) => crate::create::internal(e).into_response(),
     }
 }

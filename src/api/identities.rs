@@ -15,17 +15,7 @@ use serde_json::json;
 use super::auth::Caller;
 use super::ApiState;
 use crate::error::ErrorReply;
-
-/// Environment variables common tools read for an extra CA bundle.
-pub const CA_ENV_VARS: &[&str] = &[
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-    "PIP_CERT",
-    "AWS_CA_BUNDLE",
-];
+use crate::localbox::{CA_ENV_VARS, NO_PROXY, PROXY_ENV_VARS};
 
 pub fn routes() -> Router<ApiState> {
     Router::new().route("/v1/identities/{id}/env", get(env))
@@ -50,11 +40,11 @@ async fn env(
     };
     let proxy = format!("http://{}:{{token}}@{}", identity.id, state.proxy_addr);
     let mut env = BTreeMap::new();
-    for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+    for var in PROXY_ENV_VARS {
         env.insert(var.to_string(), proxy.clone());
     }
-    env.insert("NO_PROXY".into(), "localhost,127.0.0.1,::1".into());
-    env.insert("no_proxy".into(), "localhost,127.0.0.1,::1".into());
+    env.insert("NO_PROXY".into(), NO_PROXY.into());
+    env.insert("no_proxy".into(), NO_PROXY.into());
     let ca = state.ca_cert_path.display().to_string();
     for var in CA_ENV_VARS {
         env.insert(var.to_string(), ca.clone());

@@ -747,11 +747,9 @@ pub async fn snapshot(
         };
         if let Err(e) = state.sandboxes.store().insert_snapshot(&row).await {
             let _ = adapter.delete_snapshot(&info.id).await;
-            return Err(ErrorReply::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                format!("recording the snapshot: {e}"),
-            ));
+            return Err(crate::create::internal(format!(
+                "recording the snapshot: {e}"
+            )));
         }
         Ok(row)
     }
@@ -787,10 +785,7 @@ pub async fn delete_snapshot(
             )
             .into_response()
         }
-        Err(e) => {
-            return ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-                .into_response()
-        }
+        Err(e) => return crate::create::internal(e).into_response(),
     };
     if let Some(adapter) = state.sandboxes.providers().for_pool(&row.pool) {
         if let Err(e) = adapter.delete_snapshot(&row.id).await {
@@ -799,7 +794,6 @@ pub async fn delete_snapshot(
     }
     match store.delete_snapshot(&row.id).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => ErrorReply::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            .into_response(),
+        Err(e) => crate::create::internal(e).into_response(),
     }
 }

@@ -141,7 +141,8 @@ enum Step {
     End(ErrorReply),
 }
 
-fn internal(e: impl std::fmt::Display) -> ErrorReply {
+/// A failure the client cannot act on: logged here, shown as a generic 500.
+pub fn internal(e: impl std::fmt::Display) -> ErrorReply {
     tracing::error!(error = %e, "sandbox operation failed");
     ErrorReply::new(
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -539,24 +540,14 @@ impl Coordinator {
         if let Some(token) = token {
             let egress = &mut body["egress"];
             egress["token"] = json!(token);
-            if egress["enforcement"] == "namespace" {
-                // A local sandbox's proxy is inside it and needs no credentials.
-                let status = if state == "running" {
-                    StatusCode::CREATED
-                } else {
-                    StatusCode::ACCEPTED
-                };
-                return Ok((status, body));
-            }
-            egress["proxy_url"] =
-                json!(format!("http://{}:{}@{}", id, token, self.deps.proxy_addr));
-            let env = &mut egress["env"];
-            if let Some(env) = env.as_object_mut() {
-                for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
-                    env.insert(
-                        var.into(),
-                        json!(format!("http://{}:{}@{}", id, token, self.deps.proxy_addr)),
-                    );
+            // A local sandbox's proxy is inside it and needs no credentials.
+            if egress["enforcement"] != "namespace" {
+                let url = format!("http://{}:{}@{}", id, token, self.deps.proxy_addr);
+                egress["proxy_url"] = json!(url);
+                if let Some(env) = egress["env"].as_object_mut() {
+                    for var in crate::localbox::PROXY_ENV_VARS {
+                        env.insert(var.into(), json!(url));
+                    }
                 }
             }
         }
@@ -625,12 +616,12 @@ impl Coordinator {
             )
         };
         let mut env = serde_json::Map::new();
-        for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+        for var in crate::localbox::PROXY_ENV_VARS {
             env.insert(var.into(), json!(proxy));
         }
-        env.insert("NO_PROXY".into(), json!("localhost,127.0.0.1,::1"));
-        env.insert("no_proxy".into(), json!("localhost,127.0.0.1,::1"));
-        for var in crate::api::identities::CA_ENV_VARS {
+        env.insert("NO_PROXY".into(), json!(crate::localbox::NO_PROXY));
+        env.insert("no_proxy".into(), json!(crate::localbox::NO_PROXY));
+        for var in crate::localbox::CA_ENV_VARS {
             env.insert(var.to_string(), json!(ca));
         }
         json!({

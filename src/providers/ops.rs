@@ -71,17 +71,6 @@ impl Lifecycle {
         }
     }
 
-    pub fn from_name(name: &str) -> Option<Lifecycle> {
-        [
-            Lifecycle::Stop,
-            Lifecycle::Start,
-            Lifecycle::Pause,
-            Lifecycle::Resume,
-        ]
-        .into_iter()
-        .find(|l| l.as_str() == name)
-    }
-
     /// The state a sandbox is in after this transition.
     pub fn resulting_state(self) -> &'static str {
         match self {
