@@ -620,4 +620,22 @@ fn sandbox_exec_streams_output_and_exits_with_the_commands_code() {
     assert!(out.status.success());
     let out = cli(&["sandbox", "delete", id], None);
     assert!(out.status.success());
+
+    // A sandbox still running when the gateway stops (SIGTERM) is removed with it.
+    let created = cli(&["sandbox", "create"], None);
+    let sandbox: serde_json::Value = serde_json::from_slice(&created.stdout).unwrap();
+    let instance = sandbox["placement"]["instance_id"].as_str().unwrap();
+    let netns = Path::new("/run/netns").join(format!("sg-{instance}"));
+    let sandbox_dir = dir.path().join("data/sandboxes").join(instance);
+    assert!(netns.exists() && sandbox_dir.exists());
+    let mut running = running;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(running.child.id() as libc::pid_t, libc::SIGTERM) };
+    let status = running.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(
+        !netns.exists(),
+        "its network namespace outlived the gateway"
+    );
+    assert!(!sandbox_dir.exists(), "its directory outlived the gateway");
 }
