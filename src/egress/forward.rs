@@ -200,13 +200,33 @@ fn protocol_of(version: Version, scheme: &str) -> &'static str {
     }
 }
 
-/// Handles one request. `ips` are the addresses vetted at CONNECT; `None` for absolute-form
-/// requests, which are resolved here once the policy has allowed them.
+/// What every request of a CONNECT tunnel shares once its destination is vetted: the
+/// addresses resolved and checked at CONNECT, and the destination part of the policy input,
+/// built once per tunnel rather than per request (it was ~5% of the proxy's CPU per request).
+pub(crate) struct Vetted {
+    pub ips: Arc<[IpAddr]>,
+    pub destination: regorus::Value,
+}
+
+impl Vetted {
+    pub fn new(target: &Target, scheme: &'static str, ips: Arc<[IpAddr]>) -> Vetted {
+        let destination = destination_value(&Destination {
+            host: &target.host,
+            port: target.port,
+            ip: Some(ips[0]),
+            scheme,
+        });
+        Vetted { ips, destination }
+    }
+}
+
+/// Handles one request. `vetted` is the tunnel's vetted destination; `None` for
+/// absolute-form requests, which are resolved here once the policy has allowed them.
 pub(crate) async fn handle(
     state: Arc<EgressState>,
     target: Arc<Target>,
     scheme: &'static str,
-    ips: Option<Arc<[IpAddr]>>,
+    vetted: Option<Arc<Vetted>>,
     mut req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
@@ -221,7 +241,7 @@ pub(crate) async fn handle(
         req.method().as_str(),
         Some(path.clone()),
     );
-    outcome.ip = ips.as_ref().map(|ips| ips[0]);
+    outcome.ip = vetted.as_ref().map(|v| v.ips[0]);
     outcome.generation = state.policy.generation();
 
     if let Err(error) = check_authority(&req, &target) {
@@ -245,12 +265,15 @@ pub(crate) async fn handle(
         return reply(&error);
     }
 
-    let destination = destination_value(&Destination {
-        host: &target.host,
-        port: target.port,
-        ip: outcome.ip,
-        scheme,
-    });
+    let destination = match &vetted {
+        Some(v) => v.destination.clone(),
+        None => destination_value(&Destination {
+            host: &target.host,
+            port: target.port,
+            ip: None,
+            scheme,
+        }),
+    };
     let input = egress_input(
         "request",
         target.sandbox.clone(),
@@ -270,7 +293,7 @@ pub(crate) async fn handle(
         return reply(&error);
     }
 
-    if ips.is_none() {
+    if vetted.is_none() {
         match state.resolver.resolve(&target.host, target.port).await {
             Ok(resolved) => outcome.ip = Some(resolved[0]),
             Err(e) => {

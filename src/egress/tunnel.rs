@@ -182,15 +182,16 @@ async fn serve_http<T>(
         Some(false) => builder.http1_only(),
         None => builder,
     };
+    let vetted = Arc::new(forward::Vetted::new(&target, scheme, ips));
     let service = hyper::service::service_fn(move |req| {
         let state = state.clone();
         let target = target.clone();
-        let ips = ips.clone();
+        let vetted = vetted.clone();
         // Each request inside the tunnel gets its own id, nested under the tunnel's span.
         let span = tracing::debug_span!("request", request_id = %super::next_request_id());
         async move {
             Ok::<_, std::convert::Infallible>(
-                forward::handle(state, target, scheme, Some(ips), req).await,
+                forward::handle(state, target, scheme, Some(vetted), req).await,
             )
         }
         .instrument(span)
