@@ -54,6 +54,7 @@ struct Settings {
     moderate_rate: u64,
     policy_iters: usize,
     peers: bool,
+    layout: Layout,
     /// What was done about `RUST_BACKTRACE` (see `main`).
     backtrace_note: String,
 }
@@ -81,8 +82,102 @@ impl Settings {
             moderate_rate: env_or("SANDGATE_BENCH_MODERATE_RATE", 1000u64).max(1),
             policy_iters: env_or("SANDGATE_BENCH_POLICY_ITERS", 20_000usize).max(100),
             peers: env_or("SANDGATE_BENCH_PEERS", 1u8) != 0,
+            layout: Layout::from_env(),
             backtrace_note: String::new(),
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Core layout
+
+/// Which cores the bench process (load generator + origin) and the proxy under test run on.
+///
+/// `split` (the default with 2+ cores) gives the bench process the first half of the cores
+/// and every proxy the other half, for every route alike: the direct baseline runs its
+/// client and origin on the same cores as when a proxy is in between, and the proxy never
+/// competes with them for CPU. That is the layout of a real deployment (the proxy on its own
+/// hardware) and of proxy benchmarks that put the load generator on another machine. With
+/// `shared`, every process may use every core: on a small machine the figures then measure
+/// how the machine's CPU is divided as much as the proxy.
+#[derive(Clone, Debug)]
+enum Layout {
+    Shared,
+    Split {
+        bench: Vec<usize>,
+        proxy: Vec<usize>,
+    },
+}
+
+impl Layout {
+    fn from_env() -> Layout {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let wanted = std::env::var("SANDGATE_BENCH_LAYOUT").unwrap_or_else(|_| "split".into());
+        match wanted.as_str() {
+            "shared" => Layout::Shared,
+            "split" if cores < 2 => Layout::Shared,
+            "split" => {
+                let half = cores / 2;
+                Layout::Split {
+                    bench: (0..half).collect(),
+                    proxy: (half..cores).collect(),
+                }
+            }
+            other => panic!("SANDGATE_BENCH_LAYOUT={other:?}: expected split or shared"),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Layout::Shared => "shared: every process may use every core (SANDGATE_BENCH_LAYOUT=split separates them)".into(),
+            Layout::Split { bench, proxy } => format!(
+                "split: load generator + origin on cpu {bench:?} for every route (direct included), \
+                 the proxy under test on cpu {proxy:?} (SANDGATE_BENCH_LAYOUT=shared lets them mix)"
+            ),
+        }
+    }
+
+    /// Confines the calling thread (and every thread it creates afterwards) to the bench cores.
+    fn confine_bench(&self) {
+        if let Layout::Split { bench, .. } = self {
+            set_affinity(&cpu_set(bench)).expect("sched_setaffinity for the bench process");
+        }
+    }
+
+    /// Makes `cmd` start on the proxy cores.
+    fn confine_proxy(&self, cmd: &mut Command) {
+        if let Layout::Split { proxy, .. } = self {
+            use std::os::unix::process::CommandExt;
+            let set = cpu_set(proxy);
+            // SAFETY: sched_setaffinity is async-signal-safe and `set` is built before fork.
+            unsafe {
+                cmd.pre_exec(move || set_affinity(&set));
+            }
+        }
+    }
+}
+
+fn cpu_set(cores: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is a plain bit array; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cores {
+        assert!(
+            c < libc::CPU_SETSIZE as usize,
+            "cpu {c} is beyond cpu_set_t"
+        );
+        // SAFETY: `c` is within the set's size (checked above).
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    set
+}
+
+fn set_affinity(set: &libc::cpu_set_t) -> std::io::Result<()> {
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the given size.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -219,26 +314,19 @@ impl Drop for ChildGuard {
     }
 }
 
-/// CPU seconds (user + system, all threads) used so far by a process.
+/// CPU seconds used so far by a process: the scheduler's exact run time of each of its
+/// threads (`/proc/<pid>/task/*/schedstat`, nanoseconds). The tick-sampled `utime`/`stime`
+/// of `/proc/<pid>/stat` are biased at low load, where work runs right after wakeups.
 fn cpu_secs(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / clock_ticks())
-}
-
-fn clock_ticks() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .unwrap_or(100.0)
-    })
+    let mut ns: u64 = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(task) = task else { continue };
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue; // the thread exited in between
+        };
+        ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 / 1e9)
 }
 
 fn free_port() -> u16 {
@@ -260,7 +348,11 @@ fn wait_for_port(addr: SocketAddr, timeout: Duration) -> bool {
     false
 }
 
-fn start_sandgate(dir: &Path, origin_ca: &Path) -> (ChildGuard, SocketAddr, Vec<u8>) {
+fn start_sandgate(
+    dir: &Path,
+    origin_ca: &Path,
+    layout: &Layout,
+) -> (ChildGuard, SocketAddr, Vec<u8>) {
     let ca_dir = dir.join("sandgate-certs");
     let policy_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
     let toml = format!(
@@ -292,7 +384,9 @@ allow_domains = [{HOST:?}]
     );
     let config_path = dir.join("sandgate.toml");
     std::fs::write(&config_path, toml).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandgate"));
+    layout.confine_proxy(&mut cmd);
+    let mut child = cmd
         .arg("serve")
         .arg("--config")
         .arg(&config_path)
@@ -332,7 +426,11 @@ allow_domains = [{HOST:?}]
     (guard, addr, ca_pem)
 }
 
-fn start_squid(dir: &Path, origin_ca: &Path) -> Result<(ChildGuard, SocketAddr, Vec<u8>), String> {
+fn start_squid(
+    dir: &Path,
+    origin_ca: &Path,
+    layout: &Layout,
+) -> Result<(ChildGuard, SocketAddr, Vec<u8>), String> {
     let squid = which("squid").ok_or("squid is not installed")?;
     let certgen = [
         "/usr/lib/squid/security_file_certgen",
@@ -397,7 +495,9 @@ pinger_enable off
     );
     let conf_path = sdir.join("squid.conf");
     std::fs::write(&conf_path, conf).map_err(|e| e.to_string())?;
-    let child = Command::new(squid)
+    let mut cmd = Command::new(squid);
+    layout.confine_proxy(&mut cmd);
+    let child = cmd
         .arg("-N")
         .arg("-f")
         .arg(&conf_path)
@@ -421,12 +521,15 @@ pinger_enable off
 fn start_mitmdump(
     dir: &Path,
     origin_ca: &Path,
+    layout: &Layout,
 ) -> Result<(ChildGuard, SocketAddr, Vec<u8>), String> {
     let mitmdump = which("mitmdump").ok_or("mitmdump is not installed")?;
     let confdir = dir.join("mitmproxy");
     std::fs::create_dir_all(&confdir).map_err(|e| e.to_string())?;
     let port = free_port();
-    let child = Command::new(mitmdump)
+    let mut cmd = Command::new(mitmdump);
+    layout.confine_proxy(&mut cmd);
+    let child = cmd
         .args(["--listen-host", "127.0.0.1", "--listen-port"])
         .arg(port.to_string())
         .arg("--set")
@@ -1027,6 +1130,17 @@ impl Scenario {
             Scenario::ModerateH2 => "moderate h2",
         }
     }
+
+    /// The name `SANDGATE_BENCH_SCENARIOS` selects it by.
+    fn key(self) -> &'static str {
+        match self {
+            Scenario::KeepAliveH1 => "keepalive-h1",
+            Scenario::KeepAliveH2 => "keepalive-h2",
+            Scenario::NewConnections => "newconn",
+            Scenario::ModerateH1 => "moderate-h1",
+            Scenario::ModerateH2 => "moderate-h2",
+        }
+    }
 }
 
 fn median_sample(samples: &[Sample]) -> Sample {
@@ -1168,6 +1282,8 @@ fn main() {
         )
     };
     sandgate::tls::install_default_provider();
+    // Before the runtime exists, so that its workers inherit the affinity.
+    settings.layout.confine_bench();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1176,11 +1292,12 @@ fn main() {
 }
 
 async fn run(s: Settings) {
+    // The bench's own workers: the cores it may use (fewer than the machine's when split).
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    // SAFETY: sysconf has no preconditions.
+    let machine = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     println!("sandgate egress benchmark");
-    println!(
-        "machine: {cores} cores (shared by the load generator, the origin, and the proxy under test)"
-    );
+    println!("machine: {machine} cores; layout {}", s.layout.describe());
     println!(
         "settings: {secs}s per run after {warm}s warm-up, median of {rep} interleaved repeats; \
          keep-alive h1 {c} conns; h2 {hc} conns x {hs} streams; new conns {nc} concurrent \
@@ -1211,7 +1328,8 @@ async fn run(s: Settings) {
     let origin = start_origin(origin_ca.server_config(&[HOST])).await;
     let origin_authority = format!("{HOST}:{}", origin.port());
 
-    let (sandgate, sandgate_addr, sandgate_ca) = start_sandgate(dir.path(), &origin_ca_path);
+    let (sandgate, sandgate_addr, sandgate_ca) =
+        start_sandgate(dir.path(), &origin_ca_path, &s.layout);
     use base64::Engine as _;
     let auth = format!(
         "Basic {}",
@@ -1248,7 +1366,7 @@ async fn run(s: Settings) {
     let mut peer_names: Vec<&'static str> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     if s.peers {
-        match start_squid(dir.path(), &origin_ca_path) {
+        match start_squid(dir.path(), &origin_ca_path, &s.layout) {
             Ok((guard, addr, ca)) => {
                 routes.push(Arc::new(Route::new(
                     "squid",
@@ -1271,7 +1389,7 @@ async fn run(s: Settings) {
             }
             Err(e) => skipped.push(format!("squid skipped: {e}")),
         }
-        match start_mitmdump(dir.path(), &origin_ca_path) {
+        match start_mitmdump(dir.path(), &origin_ca_path, &s.layout) {
             Ok((guard, addr, ca)) => {
                 // mitmproxy resolves with the system resolver, which does not know the
                 // bench name: CONNECT to the address; SNI and Host still carry the name.
@@ -1335,14 +1453,30 @@ async fn run(s: Settings) {
     println!();
 
     let mut results: Results = BTreeMap::new();
-    let scenarios = [
+    let all = [
         Scenario::KeepAliveH1,
         Scenario::KeepAliveH2,
         Scenario::NewConnections,
         Scenario::ModerateH1,
         Scenario::ModerateH2,
     ];
-    for scenario in scenarios {
+    let scenarios: Vec<Scenario> = match std::env::var("SANDGATE_BENCH_SCENARIOS") {
+        Ok(list) => {
+            let wanted: Vec<&str> = list.split(',').map(str::trim).collect();
+            for w in &wanted {
+                assert!(
+                    all.iter().any(|s| s.key() == *w),
+                    "SANDGATE_BENCH_SCENARIOS: unknown scenario {w:?}; known: {}",
+                    all.map(Scenario::key).join(",")
+                );
+            }
+            all.into_iter()
+                .filter(|s| wanted.contains(&s.key()))
+                .collect()
+        }
+        Err(_) => all.to_vec(),
+    };
+    for &scenario in &scenarios {
         for rep in 1..=s.repeats {
             for route in &routes {
                 let h2 = matches!(scenario, Scenario::KeepAliveH2 | Scenario::ModerateH2);
@@ -1405,10 +1539,12 @@ async fn run(s: Settings) {
     let mut rows: Vec<Row> = Vec::new();
     let throughput =
         |scenario: Scenario, metric: &str, unit: &str, floor: f64, rows: &mut Vec<Row>| {
-            let (d, g) = (
-                get(&results, scenario, "direct").unwrap(),
-                get(&results, scenario, "sandgate").unwrap(),
-            );
+            let (Some(d), Some(g)) = (
+                get(&results, scenario, "direct"),
+                get(&results, scenario, "sandgate"),
+            ) else {
+                return; // not selected by SANDGATE_BENCH_SCENARIOS
+            };
             let ratio = g.rate / d.rate;
             rows.push(Row {
                 metric: metric.into(),
@@ -1461,10 +1597,12 @@ async fn run(s: Settings) {
         &mut rows,
     );
     for scenario in [Scenario::ModerateH1, Scenario::ModerateH2] {
-        let (d, g) = (
-            get(&results, scenario, "direct").unwrap(),
-            get(&results, scenario, "sandgate").unwrap(),
-        );
+        let (Some(d), Some(g)) = (
+            get(&results, scenario, "direct"),
+            get(&results, scenario, "sandgate"),
+        ) else {
+            continue;
+        };
         let proto = if scenario == Scenario::ModerateH1 {
             "h1"
         } else {
@@ -1548,7 +1686,7 @@ async fn run(s: Settings) {
     println!(
         "CPU during the measured windows (median of repeats; cores = CPU-seconds per second):"
     );
-    for scenario in scenarios {
+    for &scenario in &scenarios {
         for route in &routes {
             if let Some(x) = get(&results, scenario, route.name) {
                 let per = |cores: f64| cores / x.rate * 1e6;
