@@ -36,6 +36,8 @@ use sandgate::policy::PolicyEngine;
 /// The origin's name: mapped to 127.0.0.1 by each proxy's own host table.
 const HOST: &str = "origin.bench.test";
 const TOKEN: &str = "bench-token-0123456789";
+/// The ceiling route: an opaque CONNECT tunnel through sandgate (no interception).
+const TUNNEL_ROUTE: &str = "opaque-tunnel";
 /// Response body size of the origin (small on purpose: per-request overhead dominates).
 const BODY_BYTES: usize = 128;
 
@@ -329,6 +331,19 @@ fn cpu_secs(pid: u32) -> Option<f64> {
     Some(ns as f64 / 1e9)
 }
 
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let dest = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &dest);
+        } else {
+            std::fs::copy(entry.path(), dest).unwrap();
+        }
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -354,7 +369,18 @@ fn start_sandgate(
     layout: &Layout,
 ) -> (ChildGuard, SocketAddr, Vec<u8>) {
     let ca_dir = dir.join("sandgate-certs");
-    let policy_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    // The bundled policies, plus one rule: the `bench-tunnel` identity's CONNECTs pass
+    // opaquely (the ceiling route: the same hop without interception).
+    let policy_dir = dir.join("policies");
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"),
+        &policy_dir,
+    );
+    std::fs::write(
+        policy_dir.join("bench_tunnel.rego"),
+        "package sandgate.egress\n\nimport rego.v1\n\naction := \"tunnel\" if input.sandbox.labels.bench == \"tunnel\"\n",
+    )
+    .unwrap();
     let toml = format!(
         r#"[proxy]
 listen = "127.0.0.1:0"
@@ -377,6 +403,12 @@ id = "bench"
 token = {TOKEN:?}
 workspace = "bench"
 allow_domains = [{HOST:?}]
+[[egress.identities]]
+id = "bench-tunnel"
+token = {TOKEN:?}
+workspace = "bench"
+allow_domains = [{HOST:?}]
+labels = {{ bench = "tunnel" }}
 "#,
         ca_dir = ca_dir.display().to_string(),
         origin_ca = origin_ca.display().to_string(),
@@ -1331,10 +1363,13 @@ async fn run(s: Settings) {
     let (sandgate, sandgate_addr, sandgate_ca) =
         start_sandgate(dir.path(), &origin_ca_path, &s.layout);
     use base64::Engine as _;
-    let auth = format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("bench:{TOKEN}"))
-    );
+    let basic = |id: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{id}:{TOKEN}"))
+        )
+    };
+    let auth = basic("bench");
     let mut routes: Vec<Arc<Route>> = vec![
         Arc::new(Route::new(
             "direct",
@@ -1355,6 +1390,21 @@ async fn run(s: Settings) {
             &sandgate_ca,
             true,
         )),
+        // The same sandgate, but the policy says `tunnel` for this identity: the client's TLS
+        // goes to the origin itself. What any intermediary hop costs the client and the
+        // origin here, with the proxy doing next to nothing: the ceiling for the ratios.
+        Arc::new(Route::new(
+            TUNNEL_ROUTE,
+            origin,
+            Some(ProxyHop {
+                addr: sandgate_addr,
+                authority: origin_authority.clone(),
+                auth: Some(basic("bench-tunnel")),
+                pid: sandgate.pid(),
+            }),
+            origin_ca.cert_pem.as_bytes(),
+            true,
+        )),
     ];
     println!(
         "origin https://{origin_authority} (127.0.0.1); sandgate pid {} proxy {sandgate_addr}",
@@ -1363,7 +1413,8 @@ async fn run(s: Settings) {
 
     // Peers, measured with the same client code when installed.
     let mut guards = vec![sandgate];
-    let mut peer_names: Vec<&'static str> = Vec::new();
+    // The ceiling route first, then the peers: each gets a column with its ratio to direct.
+    let mut peer_names: Vec<&'static str> = vec![TUNNEL_ROUTE];
     let mut skipped: Vec<String> = Vec::new();
     if s.peers {
         match start_squid(dir.path(), &origin_ca_path, &s.layout) {
