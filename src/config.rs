@@ -212,6 +212,10 @@ pub struct ProxyConfig {
     pub tunnel_max_secs: u64,
     /// Seconds allowed to open a TCP connection to an upstream.
     pub connect_timeout_secs: u64,
+    /// Threads serving proxy connections, each with its own single-threaded event loop: a
+    /// connection, its requests and their upstream connections stay on one thread, so no
+    /// request crosses threads (see `egress::workers`). 0: one per core available.
+    pub workers: usize,
 }
 
 impl Default for ProxyConfig {
@@ -224,6 +228,7 @@ impl Default for ProxyConfig {
             idle_timeout_secs: 300,
             tunnel_max_secs: 6 * 3600,
             connect_timeout_secs: 10,
+            workers: 0,
         }
     }
 }
@@ -430,6 +435,12 @@ impl Config {
             return Err(ConfigError::invalid(
                 "proxy.max_connections",
                 "must be at least 1",
+            ));
+        }
+        if self.proxy.workers > 1024 {
+            return Err(ConfigError::invalid(
+                "proxy.workers",
+                "must be at most 1024 (0 means one per core)",
             ));
         }
         if self.proxy.max_header_bytes < 1024 {
@@ -741,6 +752,15 @@ mod tests {
             err.to_string()
                 .contains("egress.identities[0].allow_domains[0]"),
             "{err}"
+        );
+        let err = Config::from_toml("[proxy]\nworkers = 5000\n").unwrap_err();
+        assert!(err.to_string().contains("proxy.workers"), "{err}");
+        assert_eq!(
+            Config::from_toml("[proxy]\nworkers = 3\n")
+                .unwrap()
+                .proxy
+                .workers,
+            3
         );
     }
 }

@@ -56,6 +56,8 @@ pub enum StartError {
     Local(String),
     #[error("decision log: {0}")]
     DecisionLog(std::io::Error),
+    #[error("starting the proxy worker threads: {0}")]
+    ProxyWorkers(std::io::Error),
     #[error("writing the bundled policies to {dir}: {source}")]
     BundledPolicies {
         dir: PathBuf,
@@ -109,6 +111,7 @@ pub struct Server {
     pub egress: Arc<EgressState>,
     /// The sandbox creation coordinator (tests reach the simulated providers through it).
     pub sandboxes: Arc<crate::create::Coordinator>,
+    proxy_workers: crate::egress::workers::Workers,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -194,11 +197,13 @@ impl Server {
             upstream_tls,
         )?);
 
+        let workers = crate::egress::workers::count(config.proxy.workers);
+        let proxy_workers = proxy_listener
+            .into_std()
+            .and_then(|listener| crate::egress::workers::start(listener, &egress, workers))
+            .map_err(StartError::ProxyWorkers)?;
+        tracing::debug!(workers, "proxy worker threads started");
         let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(crate::egress::serve(
-            proxy_listener,
-            egress.clone(),
-        )));
         let mut router_config = config.router_config();
         let wants_local = router_config.providers.iter().any(|p| {
             p.kind
@@ -312,6 +317,7 @@ impl Server {
             ca_cert_path,
             egress,
             sandboxes,
+            proxy_workers,
             tasks,
         })
     }
@@ -329,8 +335,10 @@ impl Server {
         &self.ca_cert_path
     }
 
-    /// Stops accepting; in-flight tunnels end with the runtime.
+    /// Stops accepting; the proxy workers close their connections, other in-flight work
+    /// ends with the runtime.
     pub fn shutdown(self) {
+        self.proxy_workers.stop();
         for task in self.tasks {
             task.abort();
         }

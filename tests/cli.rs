@@ -163,6 +163,41 @@ fn serve_on_a_config_file_answers_health_and_metrics_and_writes_its_state() {
     assert!(logs.contains("api-token"), "the token file's path is shown");
 }
 
+/// `[proxy] workers = 3`: three threads of their own serve the proxy, and connections held
+/// open at the same time are all answered (each stays on the worker that accepted it).
+#[test]
+fn proxy_workers_are_threads_of_their_own_and_all_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = base_config(dir.path()).replace("[proxy]\n", "[proxy]\nworkers = 3\n");
+    let running = serve(dir.path(), &config, &[]);
+    let mut names = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{}/task", running.child.id())).unwrap() {
+        let comm = std::fs::read_to_string(task.unwrap().path().join("comm")).unwrap_or_default();
+        names.push(comm.trim().to_string());
+    }
+    let workers: Vec<&String> = names
+        .iter()
+        .filter(|n| n.starts_with("proxy-worker-"))
+        .collect();
+    assert_eq!(workers.len(), 3, "threads: {names:?}");
+
+    use std::io::{Read, Write};
+    let mut held: Vec<std::net::TcpStream> = (0..12)
+        .map(|_| std::net::TcpStream::connect(&running.proxy).unwrap())
+        .collect();
+    for conn in &mut held {
+        conn.write_all(b"GET http://example.test/ HTTP/1.1\r\nHost: example.test\r\n\r\n")
+            .unwrap();
+    }
+    for conn in &mut held {
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut head = [0u8; 12];
+        conn.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"HTTP/1.1 407", "every held connection is served");
+    }
+}
+
 #[test]
 fn an_unknown_config_key_is_a_startup_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,11 +10,15 @@
 //! checked again (Host/:authority must equal the CONNECT host; policy per request) → the
 //! request is forwarded over a pooled upstream connection to the vetted address, verified
 //! against the real web roots → one decision record per decision.
+//!
+//! Threads: the proxy listener is served by `workers` (one single-threaded runtime per
+//! core); see that module for why.
 
 mod connect;
 mod forward;
 mod io;
 mod tunnel;
+pub mod workers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -56,6 +60,8 @@ pub struct EgressState {
     pub(crate) client_h1: UpstreamClient,
     pub log: DecisionLog,
     connections: Arc<Semaphore>,
+    /// Kept to build each worker's own upstream clients.
+    upstream_tls: rustls::ClientConfig,
 }
 
 impl std::fmt::Debug for EgressState {
@@ -89,7 +95,7 @@ impl EgressState {
             log,
         } = deps;
         let client = upstream_client(&config, &resolver, upstream_tls.clone(), false);
-        let client_h1 = upstream_client(&config, &resolver, upstream_tls, true);
+        let client_h1 = upstream_client(&config, &resolver, upstream_tls.clone(), true);
         let tls_server = crate::tls::interception_server_config(minter.clone())?;
         Ok(EgressState {
             connections: Arc::new(Semaphore::new(config.max_connections)),
@@ -103,7 +109,39 @@ impl EgressState {
             client,
             client_h1,
             log,
+            upstream_tls,
         })
+    }
+
+    /// The state one proxy worker thread serves with: everything shared (identities, policy,
+    /// credentials, the connection limit, ...) except the upstream connection pools, which are
+    /// the worker's own, so that an upstream connection is driven by the thread whose requests
+    /// use it.
+    pub(crate) fn for_worker(&self) -> EgressState {
+        EgressState {
+            config: self.config.clone(),
+            identities: self.identities.clone(),
+            policy: self.policy.clone(),
+            resolver: self.resolver.clone(),
+            minter: self.minter.clone(),
+            credentials: self.credentials.clone(),
+            tls_server: self.tls_server.clone(),
+            client: upstream_client(
+                &self.config,
+                &self.resolver,
+                self.upstream_tls.clone(),
+                false,
+            ),
+            client_h1: upstream_client(
+                &self.config,
+                &self.resolver,
+                self.upstream_tls.clone(),
+                true,
+            ),
+            log: self.log.clone(),
+            connections: self.connections.clone(),
+            upstream_tls: self.upstream_tls.clone(),
+        }
     }
 }
 
