@@ -22,7 +22,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client::TlsStream;
@@ -36,6 +36,8 @@ use sandgate::policy::PolicyEngine;
 /// The origin's name: mapped to 127.0.0.1 by each proxy's own host table.
 const HOST: &str = "origin.bench.test";
 const TOKEN: &str = "bench-token-0123456789";
+/// The origin's process, when it runs as one: its CPU counts as the bench side's.
+static ORIGIN_PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
 /// The ceiling route: an opaque CONNECT tunnel through sandgate (no interception).
 const TUNNEL_ROUTE: &str = "opaque-tunnel";
 /// Response body size of the origin (small on purpose: per-request overhead dominates).
@@ -57,6 +59,7 @@ struct Settings {
     policy_iters: usize,
     peers: bool,
     layout: Layout,
+    origin: OriginMode,
     /// What was done about `RUST_BACKTRACE` (see `main`).
     backtrace_note: String,
 }
@@ -85,6 +88,13 @@ impl Settings {
             policy_iters: env_or("SANDGATE_BENCH_POLICY_ITERS", 20_000usize).max(100),
             peers: env_or("SANDGATE_BENCH_PEERS", 1u8) != 0,
             layout: Layout::from_env(),
+            origin: match std::env::var("SANDGATE_BENCH_ORIGIN").as_deref() {
+                Ok("process") | Err(_) => OriginMode::Process,
+                Ok("in-process") => OriginMode::InProcess,
+                Ok(other) => {
+                    panic!("SANDGATE_BENCH_ORIGIN={other:?}: expected process or in-process")
+                }
+            },
             backtrace_note: String::new(),
         }
     }
@@ -188,7 +198,6 @@ fn set_affinity(set: &libc::cpu_set_t) -> std::io::Result<()> {
 
 struct Ca {
     issuer: Issuer<'static, KeyPair>,
-    der: CertificateDer<'static>,
     cert_pem: String,
     key_pem: String,
 }
@@ -208,14 +217,14 @@ impl Ca {
         ];
         let cert = params.self_signed(&key).unwrap();
         Ca {
-            der: cert.der().clone(),
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
             issuer: Issuer::new(params, key),
         }
     }
 
-    fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
+    /// A leaf for `names` signed by this CA: (chain PEM, leaf then CA; PKCS#8 key PEM).
+    fn leaf_pem(&self, names: &[&str]) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.subject_alt_names = names
@@ -226,15 +235,10 @@ impl Ca {
             })
             .collect();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let mut config = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![cert.der().clone(), self.der.clone()],
-                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-            )
-            .unwrap();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Arc::new(config)
+        (
+            format!("{}{}", cert.pem(), self.cert_pem),
+            key.serialize_pem(),
+        )
     }
 }
 
@@ -255,6 +259,93 @@ fn client_tls(ca_pem: &[u8], alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
 
 // ---------------------------------------------------------------------------------------
 // The origin: h1 and h2 over TLS, a fixed small body
+
+/// The origin's TLS config from a chain and key in PEM, offering h2 and http/1.1.
+fn origin_tls(chain_pem: &str, key_pem: &str) -> Arc<rustls::ServerConfig> {
+    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut chain_pem.as_bytes())
+        .map(|c| c.unwrap())
+        .collect();
+    let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
+        .unwrap()
+        .expect("a private key");
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+/// Where the origin runs (`SANDGATE_BENCH_ORIGIN`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum OriginMode {
+    /// Its own process on the bench cores (default): as in reality, client and origin do not
+    /// share a process, so direct requests cross a process boundary as proxied ones do.
+    Process,
+    /// A task in the bench process, on the load generator's runtime: direct requests then
+    /// go from task to task on one thread, which no real client and origin ever do.
+    InProcess,
+}
+
+/// The environment variable that makes this binary run as the origin process only.
+const ORIGIN_CHILD_ENV: &str = "SANDGATE_BENCH_ORIGIN_CHILD";
+
+/// The origin process: serves until its stdin closes (the bench exited or was killed).
+fn origin_child_main(files: &str) {
+    let (chain, key) = files.split_once(':').expect("chain:key paths");
+    let tls = origin_tls(
+        &std::fs::read_to_string(chain).unwrap(),
+        &std::fs::read_to_string(key).unwrap(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = runtime.block_on(start_origin(tls));
+    println!("origin {addr}");
+    use std::io::Write as _;
+    std::io::stdout().flush().unwrap();
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+}
+
+/// The origin's address, and its process when it has one.
+async fn origin(mode: OriginMode, ca: &Ca, dir: &Path) -> (SocketAddr, Option<ChildGuard>) {
+    let (chain, key) = ca.leaf_pem(&[HOST]);
+    if mode == OriginMode::InProcess {
+        return (start_origin(origin_tls(&chain, &key)).await, None);
+    }
+    let (chain_path, key_path) = (dir.join("origin-chain.pem"), dir.join("origin-key.pem"));
+    std::fs::write(&chain_path, chain).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    // Started after the bench confined itself, so it inherits the bench cores.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env(
+            ORIGIN_CHILD_ENV,
+            format!("{}:{}", chain_path.display(), key_path.display()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawning the origin process");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("origin ")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("origin process said {line:?}"));
+    (
+        addr,
+        Some(ChildGuard {
+            name: "origin",
+            child,
+        }),
+    )
+}
 
 async fn start_origin(tls: Arc<rustls::ServerConfig>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -851,9 +942,16 @@ async fn collect(
 ) -> (Sample, Option<String>) {
     let me = std::process::id();
     tokio::time::sleep_until(window.warm_end.into()).await;
-    let cpu0 = (route.pid().and_then(cpu_secs), cpu_secs(me));
+    let bench_cpu = || {
+        let origin = ORIGIN_PID.get().map(|pid| cpu_secs(*pid));
+        match origin {
+            Some(origin) => cpu_secs(me).zip(origin).map(|(a, b)| a + b),
+            None => cpu_secs(me),
+        }
+    };
+    let cpu0 = (route.pid().and_then(cpu_secs), bench_cpu());
     tokio::time::sleep_until(window.end.into()).await;
-    let cpu1 = (route.pid().and_then(cpu_secs), cpu_secs(me));
+    let cpu1 = (route.pid().and_then(cpu_secs), bench_cpu());
     let mut all = Vec::new();
     let mut errors = 0;
     let mut first_error = None;
@@ -1289,6 +1387,10 @@ fn print_table(rows: &[Row], peer_names: &[&str]) {
 // ---------------------------------------------------------------------------------------
 
 fn main() {
+    if let Ok(files) = std::env::var(ORIGIN_CHILD_ENV) {
+        sandgate::tls::install_default_provider();
+        return origin_child_main(&files);
+    }
     // `cargo bench` passes `--bench`; there is nothing to filter.
     let mut settings = Settings::from_env();
     // With RUST_BACKTRACE set, every `anyhow::Error` captures a backtrace, and regorus builds
@@ -1347,7 +1449,7 @@ async fn run(s: Settings) {
         pi = s.policy_iters,
     );
     println!("{}", s.backtrace_note);
-    println!("(env: SANDGATE_BENCH_SECS, _WARMUP_SECS, _REPEATS, _CONNS, _H2_CONNS, _H2_STREAMS, _NEWCONN_CONCURRENCY, _MODERATE_CONNS, _MODERATE_RATE, _POLICY_ITERS, _PEERS=0, _KEEP_BACKTRACE=1)");
+    println!("(env: SANDGATE_BENCH_SECS, _WARMUP_SECS, _REPEATS, _CONNS, _H2_CONNS, _H2_STREAMS, _NEWCONN_CONCURRENCY, _MODERATE_CONNS, _MODERATE_RATE, _POLICY_ITERS, _PEERS=0, _KEEP_BACKTRACE=1, _LAYOUT=split|shared, _ORIGIN=process|in-process, _SCENARIOS=keepalive-h1,keepalive-h2,newconn,moderate-h1,moderate-h2)");
     println!();
 
     // Policy first, while the machine is quiet.
@@ -1357,8 +1459,11 @@ async fn run(s: Settings) {
     let origin_ca = Ca::new("sandgate bench origin CA");
     let origin_ca_path = dir.path().join("origin-ca.pem");
     std::fs::write(&origin_ca_path, &origin_ca.cert_pem).unwrap();
-    let origin = start_origin(origin_ca.server_config(&[HOST])).await;
+    let (origin, origin_process) = origin(s.origin, &origin_ca, dir.path()).await;
     let origin_authority = format!("{HOST}:{}", origin.port());
+    if let Some(process) = &origin_process {
+        let _ = ORIGIN_PID.set(process.pid());
+    }
 
     let (sandgate, sandgate_addr, sandgate_ca) =
         start_sandgate(dir.path(), &origin_ca_path, &s.layout);
@@ -1407,12 +1512,20 @@ async fn run(s: Settings) {
         )),
     ];
     println!(
-        "origin https://{origin_authority} (127.0.0.1); sandgate pid {} proxy {sandgate_addr}",
+        "origin https://{origin_authority} (127.0.0.1), {}; sandgate pid {} proxy {sandgate_addr}",
+        match &origin_process {
+            Some(p) => format!(
+                "its own process (pid {}) on the bench cores (SANDGATE_BENCH_ORIGIN=in-process puts it in the load generator's process)",
+                p.pid()
+            ),
+            None => "in the load generator's process (SANDGATE_BENCH_ORIGIN=in-process)".into(),
+        },
         sandgate.pid()
     );
 
     // Peers, measured with the same client code when installed.
     let mut guards = vec![sandgate];
+    guards.extend(origin_process);
     // The ceiling route first, then the peers: each gets a column with its ratio to direct.
     let mut peer_names: Vec<&'static str> = vec![TUNNEL_ROUTE];
     let mut skipped: Vec<String> = Vec::new();
