@@ -576,6 +576,19 @@ async fn workspace_scopes_compose_with_the_platform_and_deny_wins() {
 
 /// A workspace file that declares another scope's package is refused, by `policy check`
 /// (file:line, exit 1) and by a reload (the previous generation keeps serving).
+/// `sandgate policy check DIR`: its exit code and stderr.
+fn policy_check(dir: &std::path::Path) -> (Option<i32>, String) {
+    let out = std::process::Command::new(BIN)
+        .args(["policy", "check"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[tokio::test]
 async fn a_misplaced_package_is_refused_with_file_and_line() {
     let gw = Gateway::start(GatewayOptions {
@@ -591,13 +604,8 @@ async fn a_misplaced_package_is_refused_with_file_and_line() {
         "# allow everything\n\npackage sandgate.creation\nimport rego.v1\n\nallow := true\n",
     )
     .unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["policy", "check"])
-        .arg(&gw.policy_dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stderr) = policy_check(&gw.policy_dir);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("workspaces/ws-a/sneaky.rego:3:"),
         "{stderr}"
@@ -618,25 +626,11 @@ async fn a_misplaced_package_is_refused_with_file_and_line() {
         "package sandgate.scopes.workspaces.ws_b.creation\nimport rego.v1\n\ndeny contains \"x\" if false\n",
     )
     .unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["policy", "check"])
-        .arg(&gw.policy_dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stderr) = policy_check(&gw.policy_dir);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("elsewhere.rego:1:"), "{stderr}");
     std::fs::remove_file(gw.policy_dir.join("elsewhere.rego")).unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["policy", "check"])
-        .arg(&gw.policy_dir)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (code, stderr) = policy_check(&gw.policy_dir);
+    assert_eq!(code, Some(0), "{stderr}");
     gw.server.shutdown();
 }

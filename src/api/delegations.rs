@@ -33,17 +33,19 @@ use super::ApiState;
 use crate::error::ErrorReply;
 use crate::store::delegations::DelegationRow;
 
-/// Action-layer operations a delegation may carry.
-pub const ACTION_OPERATIONS: &[&str] = &[
-    "exec",
-    "files.read",
-    "files.write",
-    "files.list",
-    "files.delete",
-    "files.mkdir",
-];
-/// Lifecycle-layer operations a delegation may carry.
-pub const LIFECYCLE_OPERATIONS: &[&str] = &["stop", "start", "pause", "resume", "snapshot"];
+/// Every action-layer operation may be delegated.
+pub use crate::policy::input::ACTION_OPERATIONS;
+use crate::policy::input::LIFECYCLE_OPERATIONS;
+
+/// Lifecycle operations a delegation may carry: all but `delete`, which stays with the
+/// sandbox's own principals.
+fn delegable_lifecycle() -> impl Iterator<Item = &'static str> {
+    LIFECYCLE_OPERATIONS
+        .iter()
+        .copied()
+        .filter(|op| *op != "delete")
+}
+
 /// Longest delegation.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -63,7 +65,7 @@ pub fn token_hash(token: &str) -> String {
 pub fn layer_of(operation: &str) -> Option<&'static str> {
     if ACTION_OPERATIONS.contains(&operation) {
         Some("action")
-    } else if LIFECYCLE_OPERATIONS.contains(&operation) {
+    } else if delegable_lifecycle().any(|op| op == operation) {
         Some("lifecycle")
     } else {
         None
@@ -128,7 +130,7 @@ pub async fn mint(
                 format!(
                     "`actions[{i}]`: not a delegable operation; use {} or {}",
                     ACTION_OPERATIONS.join(", "),
-                    LIFECYCLE_OPERATIONS.join(", ")
+                    delegable_lifecycle().collect::<Vec<_>>().join(", ")
                 ),
             );
         };

@@ -46,7 +46,9 @@ pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 type Connector = hyper_rustls::HttpsConnector<HttpConnector<VettedDns>>;
 pub(crate) type UpstreamClient = Client<Connector, ProxyBody>;
 
-/// Everything a proxied connection needs, shared by all of them.
+/// Everything a proxied connection needs, shared by all of them. A clone shares the upstream
+/// pools too; `for_worker` gives a worker its own.
+#[derive(Clone)]
 pub struct EgressState {
     pub config: ProxyConfig,
     pub identities: Arc<IdentityRegistry>,
@@ -118,29 +120,18 @@ impl EgressState {
     /// the worker's own, so that an upstream connection is driven by the thread whose requests
     /// use it.
     pub(crate) fn for_worker(&self) -> EgressState {
+        let client = |http1_only| {
+            upstream_client(
+                &self.config,
+                &self.resolver,
+                self.upstream_tls.clone(),
+                http1_only,
+            )
+        };
         EgressState {
-            config: self.config.clone(),
-            identities: self.identities.clone(),
-            policy: self.policy.clone(),
-            resolver: self.resolver.clone(),
-            minter: self.minter.clone(),
-            credentials: self.credentials.clone(),
-            tls_server: self.tls_server.clone(),
-            client: upstream_client(
-                &self.config,
-                &self.resolver,
-                self.upstream_tls.clone(),
-                false,
-            ),
-            client_h1: upstream_client(
-                &self.config,
-                &self.resolver,
-                self.upstream_tls.clone(),
-                true,
-            ),
-            log: self.log.clone(),
-            connections: self.connections.clone(),
-            upstream_tls: self.upstream_tls.clone(),
+            client: client(false),
+            client_h1: client(true),
+            ..self.clone()
         }
     }
 }

@@ -66,6 +66,20 @@ pub fn sandbox_value(identity: &Identity) -> Value {
     ])
 }
 
+/// `input.operation` values of the `sandgate.action` layer.
+pub const ACTION_OPERATIONS: &[&str] = &[
+    "exec",
+    "files.read",
+    "files.write",
+    "files.list",
+    "files.delete",
+    "files.mkdir",
+];
+
+/// `input.operation` values of the `sandgate.lifecycle` layer.
+pub const LIFECYCLE_OPERATIONS: &[&str] =
+    &["start", "stop", "pause", "resume", "snapshot", "delete"];
+
 pub fn destination_value(d: &Destination<'_>) -> Value {
     obj(vec![
         ("host", Value::from(d.host)),

@@ -14,6 +14,8 @@
 use regorus::Value;
 use serde_json::json;
 
+use super::input::{ACTION_OPERATIONS, LIFECYCLE_OPERATIONS};
+
 /// Inputs for `layer`, given the loaded `data` (workspaces that have data are tried).
 pub(crate) fn inputs(layer: &str, data: &Value) -> Vec<Value> {
     let mut workspaces: Vec<String> = match data["sandgate"]["workspaces"].as_object() {
@@ -41,19 +43,12 @@ pub(crate) fn inputs(layer: &str, data: &Value) -> Vec<Value> {
                     }
                 }
                 "lifecycle" => {
-                    for op in ["start", "stop", "pause", "resume", "snapshot", "delete"] {
+                    for op in LIFECYCLE_OPERATIONS {
                         out.push(operation(ws, &principal, op, None));
                     }
                 }
                 "action" => {
-                    for op in [
-                        "exec",
-                        "files.read",
-                        "files.write",
-                        "files.list",
-                        "files.delete",
-                        "files.mkdir",
-                    ] {
+                    for op in ACTION_OPERATIONS {
                         out.push(operation(ws, &principal, op, Some("/usr/bin/curl")));
                     }
                 }
