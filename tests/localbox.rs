@@ -13,7 +13,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 mod common;
 
-use common::{unprivileged, which};
+use common::{root_or_skip, skip_verdict, which};
 use sandgate::localbox::{
     CgroupMode, EntryKind, ExecEvent, ExecRequest, ExitReason, Limits, LocalRuntime, LocalboxError,
     RuntimeConfig, SandboxSpec, SandboxStatus, CA_ENV_VARS,
@@ -35,8 +35,7 @@ fn runtime_with(
     extra: Vec<PathBuf>,
     cgroups: CgroupMode,
 ) -> Option<(Arc<LocalRuntime>, tempfile::TempDir)> {
-    if let Some(reason) = unprivileged() {
-        eprintln!("SKIPPED localbox::{test}: needs root and network namespaces ({reason})");
+    if !root_or_skip(&format!("localbox::{test}")) {
         return None;
     }
     sweep_stale();
@@ -1036,8 +1035,7 @@ fn python_with_requests() -> Option<(PathBuf, PathBuf)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_requests_sees_the_proxy_and_the_ca() {
-    if unprivileged().is_some() {
-        let _ = runtime("python", vec![]);
+    if !root_or_skip("localbox::python") {
         return;
     }
     let Some((prefix, exe)) = python_with_requests() else {
@@ -1100,8 +1098,7 @@ fn privilege_probe_child() {
 
 #[test]
 fn missing_capability_is_named() {
-    if let Some(reason) = unprivileged() {
-        eprintln!("SKIPPED localbox::missing_capability_is_named: needs root to drop a capability ({reason})");
+    if !root_or_skip("localbox::missing_capability_is_named") {
         return;
     }
     let Some(setpriv) = which("setpriv") else {
@@ -1184,4 +1181,20 @@ async fn orphans_of_a_crashed_gateway_are_purged() {
     // The live sandbox was not touched.
     assert_eq!(run(&restarted, &kept, &["true"]).await.code(), Some(0));
     restarted.delete(&kept).await.unwrap();
+}
+
+/// Under CI a root-only test that cannot run fails instead of skipping; elsewhere it skips.
+#[test]
+fn ci_fails_a_root_only_test_it_cannot_run() {
+    assert_eq!(skip_verdict("t", None, true), Ok(true));
+    assert_eq!(skip_verdict("t", None, false), Ok(true));
+    assert_eq!(
+        skip_verdict("t", Some("not running as root"), false),
+        Ok(false)
+    );
+    let err = skip_verdict("t", Some("not running as root"), true).unwrap_err();
+    assert!(
+        err.contains("not running as root") && err.contains("CI"),
+        "{err}"
+    );
 }

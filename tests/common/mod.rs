@@ -28,7 +28,8 @@ pub const TOKEN: &str = "tok-0123456789abcdef";
 
 /// The one place that decides whether tests needing root can run here (local sandboxes use
 /// network, PID and mount namespaces and cgroups): `None` when they can, else why not.
-/// `.ci/run` runs the suite as root, so CI runs them; elsewhere they print a skip line.
+/// `.ci/run` runs the suite as root, so CI runs them; elsewhere they print a skip line
+/// (and under CI, see [`root_or_skip`], they fail instead).
 pub fn unprivileged() -> Option<&'static str> {
     static REASON: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
     *REASON.get_or_init(|| {
@@ -43,15 +44,37 @@ pub fn unprivileged() -> Option<&'static str> {
     })
 }
 
-/// `true` when a root-only test can run; otherwise prints why it is skipped.
+/// `true` when a root-only test can run; otherwise prints why it is skipped and returns
+/// `false`. Under CI (`CI` set to anything but empty, `0` or `false`, as CI systems and
+/// `.ci/run` set it) a test that cannot run panics instead: a green CI run must mean the
+/// root-only tests ran, not that they were skipped.
 pub fn root_or_skip(test: &str) -> bool {
-    match unprivileged() {
-        None => true,
+    match skip_verdict(test, unprivileged(), in_ci()) {
+        Ok(run) => run,
+        Err(message) => panic!("{message}"),
+    }
+}
+
+/// What [`root_or_skip`] does: `Ok(true)` run, `Ok(false)` skipped (with the line printed),
+/// `Err` when CI would otherwise skip it.
+pub fn skip_verdict(test: &str, unprivileged: Option<&str>, ci: bool) -> Result<bool, String> {
+    match unprivileged {
+        None => Ok(true),
+        Some(reason) if ci => Err(format!(
+            "{test} needs root and network namespaces ({reason}), and CI must not skip it: \
+             run the suite as root with iproute2 installed (.ci/run does)"
+        )),
         Some(reason) => {
             eprintln!("SKIPPED {test}: needs root and network namespaces ({reason})");
-            false
+            Ok(false)
         }
     }
+}
+
+/// Whether this run is CI's (the `CI` variable, as GitHub Actions, GitLab and `.ci/run`
+/// set it).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
 }
 
 pub fn which(tool: &str) -> Option<PathBuf> {
@@ -441,7 +464,11 @@ impl Gateway {
             ));
         }
         toml.push_str(&options.extra_toml);
-        toml.push_str("[egress]\nallow_private = [\"127.0.0.0/8\"]\n");
+        if !options.extra_toml.contains("[egress]") {
+            // The test origins listen on loopback; a test with an `[egress]` table of its
+            // own says what it exempts.
+            toml.push_str("[egress]\nallow_private = [\"127.0.0.0/8\"]\n");
+        }
         for identity in &options.identities {
             toml.push_str(&format!(
                 "[[egress.identities]]\nid = {:?}\ntoken = {:?}\nworkspace = {:?}\nallow_domains = {:?}\ncredentials = {:?}\n",
