@@ -3,6 +3,35 @@
 //! range with `[egress] allow_private`. IPv6 forms that embed an IPv4 address (v4-mapped,
 //! v4-compatible, NAT64, 6to4, Teredo) are judged by the address they embed, since that is
 //! where the packets end up.
+//!
+//! # Cloud metadata endpoints
+//!
+//! These answer an instance's (or a node's, or a task's) own cloud credentials and
+//! configuration to whoever asks from the machine, so a sandbox reaching one through the
+//! gateway would be asking with the gateway's identity. They are refused as
+//! [`Forbidden::Metadata`] and, unlike every other class, **no `allow_private` entry exempts
+//! them**, not a broad range (`0.0.0.0/0`, `169.254.0.0/16`) and not an exact listing
+//! (`169.254.169.254/32`): no sandbox workload needs the host's metadata, an exact listing is
+//! more likely a mistake than a need, and a rule that always holds is one an operator cannot
+//! get wrong. [`METADATA_V4`] and [`METADATA_V6`] are the list:
+//!
+//! | address | what answers there |
+//! | --- | --- |
+//! | `169.254.169.254` | the instance metadata service of AWS, GCP (`metadata.google.internal`), Azure (IMDS), Oracle Cloud, DigitalOcean, OpenStack, Hetzner, ... |
+//! | `169.254.170.2` | AWS ECS task metadata and task-role credentials |
+//! | `169.254.170.23` | AWS EKS Pod Identity agent (pod credentials) |
+//! | `168.63.129.16` | Azure WireServer (guest agent, extension settings and certificates); a *public* address, so only this list refuses it |
+//! | `100.100.100.200` | Alibaba Cloud metadata service |
+//! | `192.0.0.192` | Oracle Cloud Classic metadata service |
+//! | `fd00:ec2::254` | AWS instance metadata over IPv6 |
+//! | `fd00:ec2::23` | AWS EKS Pod Identity agent over IPv6 |
+//! | `fe80::a9fe:a9fe` | OpenStack metadata over IPv6 |
+//!
+//! Every IPv6 form embedding one of the IPv4 addresses (`::ffff:168.63.129.16`,
+//! `64:ff9b::a83f:8110`, ...) is the same endpoint and refused the same way. Other
+//! link-local service addresses (AWS's DNS resolver `169.254.169.253` and time server
+//! `169.254.169.123`) hand out no credentials: they are refused as link-local, and an
+//! exemption covering them applies.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -46,6 +75,14 @@ pub struct AddressGuard {
 
 impl AddressGuard {
     pub fn new(allow: Vec<IpNet>, own_listeners: Vec<SocketAddr>) -> Self {
+        for net in &allow {
+            if net.prefix_len() == net.max_prefix_len() && is_metadata(net.addr()) {
+                tracing::warn!(
+                    range = %net,
+                    "[egress] allow_private lists a cloud metadata address; metadata addresses are never exempt, so it stays refused"
+                );
+            }
+        }
         AddressGuard {
             allow,
             own_listeners,
@@ -56,7 +93,8 @@ impl AddressGuard {
     /// range is exempt: a sandbox talking to the gateway through the gateway is a loop at
     /// best and a confused deputy at worst. A listener on an unspecified address (0.0.0.0)
     /// answers on every local address, which we cannot enumerate portably, so its port is
-    /// refused on every address.
+    /// refused on every address. Cloud metadata addresses are refused whatever is exempt
+    /// (see the [module documentation](self)).
     pub fn check(&self, addr: SocketAddr) -> Result<(), Forbidden> {
         for own in &self.own_listeners {
             let same_ip = own.ip() == addr.ip() || own.ip().is_unspecified();
@@ -67,11 +105,36 @@ impl AddressGuard {
         let Some(why) = classify(addr.ip()) else {
             return Ok(());
         };
+        if why == Forbidden::Metadata {
+            return Err(why);
+        }
         if self.allow.iter().any(|net| net.contains(&addr.ip())) {
             return Ok(());
         }
         Err(why)
     }
+}
+
+/// Cloud metadata endpoints (IPv4); see the [module documentation](self).
+pub const METADATA_V4: &[Ipv4Addr] = &[
+    Ipv4Addr::new(169, 254, 169, 254),
+    Ipv4Addr::new(169, 254, 170, 2),
+    Ipv4Addr::new(169, 254, 170, 23),
+    Ipv4Addr::new(168, 63, 129, 16),
+    Ipv4Addr::new(100, 100, 100, 200),
+    Ipv4Addr::new(192, 0, 0, 192),
+];
+
+/// Cloud metadata endpoints (IPv6); see the [module documentation](self).
+pub const METADATA_V6: &[Ipv6Addr] = &[
+    Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254),
+    Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23),
+    Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0xa9fe, 0xa9fe),
+];
+
+/// Whether `ip` is a cloud metadata endpoint, in any form.
+pub fn is_metadata(ip: IpAddr) -> bool {
+    classify(ip) == Some(Forbidden::Metadata)
 }
 
 /// Classifies an address; `None` means publicly routable.
@@ -84,7 +147,7 @@ pub fn classify(ip: IpAddr) -> Option<Forbidden> {
 
 fn classify_v4(ip: Ipv4Addr) -> Option<Forbidden> {
     let o = ip.octets();
-    if ip == Ipv4Addr::new(169, 254, 169, 254) || ip == Ipv4Addr::new(100, 100, 100, 200) {
+    if METADATA_V4.contains(&ip) {
         return Some(Forbidden::Metadata);
     }
     if o[0] == 0 {
@@ -130,8 +193,7 @@ fn classify_v6(ip: Ipv6Addr) -> Option<Forbidden> {
     if ip.is_loopback() {
         return Some(Forbidden::Loopback);
     }
-    // AWS's IPv6 instance metadata endpoint.
-    if ip == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) {
+    if METADATA_V6.contains(&ip) {
         return Some(Forbidden::Metadata);
     }
     if (s[0] & 0xfe00) == 0xfc00 {
@@ -228,6 +290,78 @@ mod tests {
             Some(Forbidden::Loopback)
         );
         assert_eq!(f("::ffff:8.8.8.8"), None);
+    }
+
+    #[test]
+    fn cloud_metadata_endpoints_are_metadata_in_every_form() {
+        for ip in [
+            "169.254.169.254",
+            "169.254.170.2",
+            "169.254.170.23",
+            "168.63.129.16",
+            "100.100.100.200",
+            "192.0.0.192",
+            "fd00:ec2::254",
+            "fd00:ec2::23",
+            "fe80::a9fe:a9fe",
+            // IPv6 forms embedding the public one: v4-mapped, v4-compatible, NAT64, 6to4,
+            // and Teredo (client stored inverted: !168.63.129.16 = 57.c0.7e.ef).
+            "::ffff:168.63.129.16",
+            "::168.63.129.16",
+            "64:ff9b::a83f:8110",
+            "64:ff9b:1::a83f:8110",
+            "2002:a83f:8110::1",
+            "2001:0:4136:e378:8000:63bf:57c0:7eef",
+            "::ffff:169.254.170.2",
+        ] {
+            assert_eq!(f(ip), Some(Forbidden::Metadata), "{ip}");
+            assert!(is_metadata(ip.parse().unwrap()), "{ip}");
+        }
+        // Neighbours are what they always were.
+        assert_eq!(f("168.63.129.17"), None);
+        assert_eq!(f("169.254.169.253"), Some(Forbidden::LinkLocal));
+        assert_eq!(f("192.0.0.193"), Some(Forbidden::Reserved));
+        assert_eq!(f("fd00:ec2::253"), Some(Forbidden::Private));
+        assert_eq!(f("fe80::a9fe:a9ff"), Some(Forbidden::LinkLocal));
+    }
+
+    #[test]
+    fn no_exemption_covers_a_metadata_address() {
+        let everything = AddressGuard::new(
+            vec![
+                "0.0.0.0/0".parse().unwrap(),
+                "::/0".parse().unwrap(),
+                "169.254.0.0/16".parse().unwrap(),
+                "168.63.129.16/32".parse().unwrap(),
+                "fd00:ec2::254/128".parse().unwrap(),
+            ],
+            vec![],
+        );
+        for addr in [
+            "169.254.169.254:80",
+            "168.63.129.16:80",
+            "169.254.170.2:80",
+            "100.100.100.200:80",
+            "192.0.0.192:80",
+            "[fd00:ec2::254]:80",
+            "[::ffff:168.63.129.16]:80",
+            "[64:ff9b::a9fe:a9fe]:80",
+        ] {
+            assert_eq!(
+                everything.check(addr.parse().unwrap()),
+                Err(Forbidden::Metadata),
+                "{addr}"
+            );
+        }
+        // What the ranges do exempt stays exempt.
+        for addr in [
+            "10.0.0.1:80",
+            "169.254.1.1:80",
+            "169.254.169.253:53",
+            "[fd12::1]:80",
+        ] {
+            assert_eq!(everything.check(addr.parse().unwrap()), Ok(()), "{addr}");
+        }
     }
 
     #[test]
