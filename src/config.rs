@@ -384,6 +384,10 @@ pub struct LogConfig {
     pub format: String,
     /// Diagnostic log filter (`RUST_LOG` syntax); the `RUST_LOG` variable wins when set.
     pub level: String,
+    /// Policy decision records show an exec's argument vector whole. Off by default: they
+    /// show its program, argument count and a hash (arguments carry secrets, such as
+    /// `curl -u user:pass`). Policy sees the whole argv either way.
+    pub full_argv: bool,
 }
 
 impl Default for LogConfig {
@@ -392,6 +396,7 @@ impl Default for LogConfig {
             decisions: "stdout".into(),
             format: "text".into(),
             level: "info".into(),
+            full_argv: false,
         }
     }
 }

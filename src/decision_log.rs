@@ -12,7 +12,10 @@
 //!   the log countable.
 //!
 //! Records carry no header values that authenticate and no query values (those are where
-//! tokens travel), only their keys.
+//! tokens travel), only their keys. An exec's argument vector is logged as its program, its
+//! length and a hash ([`summarize_argv`]), since arguments carry secrets as often as headers
+//! do (`curl -u user:pass`, `mysql -pPASS`); `[log] full_argv = true` logs it whole. The
+//! policy always sees it whole.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -193,6 +196,8 @@ impl Sink {
 #[derive(Debug, Clone)]
 pub struct DecisionLog {
     tx: Option<mpsc::Sender<Entry>>,
+    /// `[log] full_argv`: policy records keep an exec's argv whole.
+    full_argv: bool,
 }
 
 impl DecisionLog {
@@ -200,7 +205,12 @@ impl DecisionLog {
     /// writer falls 64k records behind.
     pub fn start(sink: Sink) -> std::io::Result<DecisionLog> {
         let mut out: Box<dyn Write + Send> = match &sink {
-            Sink::Off => return Ok(DecisionLog { tx: None }),
+            Sink::Off => {
+                return Ok(DecisionLog {
+                    tx: None,
+                    full_argv: false,
+                })
+            }
             Sink::Stdout => Box::new(std::io::stdout()),
             Sink::Stderr => Box::new(std::io::stderr()),
             Sink::File(path) => {
@@ -234,7 +244,25 @@ impl DecisionLog {
                     }
                 }
             })?;
-        Ok(DecisionLog { tx: Some(tx) })
+        Ok(DecisionLog {
+            tx: Some(tx),
+            full_argv: false,
+        })
+    }
+
+    /// `[log] full_argv`: log an exec's argv whole instead of [`summarize_argv`]'s summary.
+    pub fn with_full_argv(mut self, full_argv: bool) -> DecisionLog {
+        self.full_argv = full_argv;
+        self
+    }
+
+    /// Reduces a policy input to what may be logged: [`redact_input`], then, unless
+    /// `[log] full_argv` is set, [`summarize_argv`].
+    pub fn redact(&self, input: &mut serde_json::Value) {
+        redact_input(input);
+        if !self.full_argv {
+            summarize_argv(input);
+        }
     }
 
     /// Whether records are written at all; callers skip building one when not.
@@ -341,6 +369,52 @@ pub fn redact_input(value: &mut serde_json::Value) {
     }
 }
 
+/// Replaces `input.exec.argv` (the action layer's exec input) with what identifies the
+/// command without its arguments: `argv0` (the program as given), `argc` (how many strings,
+/// the program included) and `argv_sha256`, the SHA-256 (lowercase hex) of every argument in
+/// order, each as its length in bytes (8 bytes, big-endian) followed by its UTF-8 bytes, so
+/// no two argument vectors share an encoding (`["a b"]` and `["a", "b"]` differ). Two
+/// records with the same hash ran the same command; whoever knows a command can check it
+/// against the hash, but the log alone does not reveal its arguments.
+pub fn summarize_argv(input: &mut serde_json::Value) {
+    let Some(exec) = input.get_mut("exec").and_then(|e| e.as_object_mut()) else {
+        return;
+    };
+    let Some(serde_json::Value::Array(argv)) = exec.remove("argv") else {
+        return;
+    };
+    let args: Vec<String> = argv
+        .iter()
+        .map(|a| match a {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect();
+    exec.insert(
+        "argv0".into(),
+        args.first()
+            .cloned()
+            .map_or(serde_json::Value::Null, Into::into),
+    );
+    exec.insert("argc".into(), args.len().into());
+    exec.insert("argv_sha256".into(), argv_sha256(&args).into());
+}
+
+/// The hash [`summarize_argv`] logs.
+pub fn argv_sha256<S: AsRef<str>>(argv: &[S]) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for arg in argv {
+        let arg = arg.as_ref().as_bytes();
+        ctx.update(&(arg.len() as u64).to_be_bytes());
+        ctx.update(arg);
+    }
+    ctx.finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// `… sgph_abc123 …` → `… sgph_[redacted] …`: the prefix stays so a reader sees that a
 /// placeholder was there.
 fn redact_placeholders(text: &str) -> String {
@@ -437,6 +511,49 @@ mod tests {
         );
         assert_eq!(input["credential"]["name"], "github");
         assert_eq!(input["list"][1], "plain");
+    }
+
+    #[test]
+    fn exec_argv_is_summarized_unless_full_argv() {
+        let input = serde_json::json!({
+            "operation": "exec",
+            "exec": {"argv": ["curl", "-u", "user:s3cretpass", "https://x"], "cwd": "/w"},
+        });
+        let mut summarized = input.clone();
+        summarize_argv(&mut summarized);
+        let exec = &summarized["exec"];
+        assert!(exec.get("argv").is_none(), "{summarized}");
+        assert!(!summarized.to_string().contains("s3cretpass"));
+        assert_eq!(exec["argv0"], "curl");
+        assert_eq!(exec["argc"], 4);
+        assert_eq!(exec["cwd"], "/w");
+        assert_eq!(
+            exec["argv_sha256"],
+            argv_sha256(&["curl", "-u", "user:s3cretpass", "https://x"])
+        );
+        // The framing keeps argument boundaries: these differ.
+        assert_ne!(argv_sha256(&["a b"]), argv_sha256(&["a", "b"]));
+        assert_ne!(argv_sha256(&["ab", ""]), argv_sha256(&["a", "b"]));
+        // A known value: SHA-256 of 8 zero bytes (one empty argument).
+        assert_eq!(
+            argv_sha256(&[""]),
+            "af5570f5a1810b7af78caf4bc70a660f0df51e42baf91d4de5b2328de0e83dfc"
+        );
+        // Inputs without an exec argv are left alone.
+        let mut other = serde_json::json!({"exec": null, "file": {"path": "/x"}});
+        summarize_argv(&mut other);
+        assert_eq!(
+            other,
+            serde_json::json!({"exec": null, "file": {"path": "/x"}})
+        );
+
+        let log = DecisionLog::start(Sink::Off).unwrap();
+        let mut reduced = input.clone();
+        log.redact(&mut reduced);
+        assert_eq!(reduced, summarized);
+        let mut whole = input.clone();
+        log.with_full_argv(true).redact(&mut whole);
+        assert_eq!(whole, input);
     }
 
     #[test]

@@ -181,7 +181,8 @@ impl Server {
         ));
         let upstream_tls = crate::tls::upstream_client_config(&config.tls.upstream_ca_files)?;
         let log = DecisionLog::start(Sink::parse(&config.log.decisions))
-            .map_err(StartError::DecisionLog)?;
+            .map_err(StartError::DecisionLog)?
+            .with_full_argv(config.log.full_argv);
         // Every layer's decisions go to the same log; egress is written by the proxy itself.
         policy.set_decision_log(log.clone(), &["egress"]);
         let egress = Arc::new(EgressState::new(

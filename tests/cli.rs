@@ -47,8 +47,8 @@ fn serve(dir: &Path, config: &str, envs: &[(&str, &str)]) -> Running {
         .args(["serve", "--config"])
         .arg(&config_path)
         .current_dir(dir)
-        .envs(envs.iter().copied())
         .env("RUST_LOG", "debug")
+        .envs(envs.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -673,4 +673,157 @@ fn sandbox_exec_streams_output_and_exits_with_the_commands_code() {
         "its network namespace outlived the gateway"
     );
     assert!(!sandbox_dir.exists(), "its directory outlived the gateway");
+}
+
+/// The argv of each exec run in a new local sandbox of a `serve` (with `log` as its `[log]`
+/// table, diagnostics at `trace`), and everything it logged: the decision log file, stdout
+/// and stderr lines, and the action layer's decision records.
+struct ExecLogs {
+    lines: Vec<String>,
+    actions: Vec<serde_json::Value>,
+}
+
+fn exec_and_collect_logs(log: &str, argvs: &[Vec<String>]) -> ExecLogs {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "cli-argv-token-0123456789";
+    let decisions = dir.path().join("decisions.jsonl");
+    let config = format!(
+        "{}[[api.tokens]]\ntoken = {token:?}\nprincipal = \"cli\"\nworkspace = \"ws\"\n[log]\ndecisions = {:?}\n{log}\n",
+        base_config(dir.path()),
+        decisions.display().to_string(),
+    );
+    let running = serve(dir.path(), &config, &[("RUST_LOG", "trace")]);
+    init();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let api = reqwest::Client::new();
+        let base = format!("http://{}/v1/sandboxes", running.api);
+        let resp = api
+            .post(&base)
+            .bearer_auth(token)
+            .json(&serde_json::json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        let created: serde_json::Value = resp.json().await.unwrap();
+        let id = created["id"].as_str().unwrap().to_string();
+        for argv in argvs {
+            let resp = api
+                .post(format!("{base}/{id}/exec"))
+                .bearer_auth(token)
+                .json(&serde_json::json!({"argv": argv, "timeout_ms": 30000}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let text = resp.text().await.unwrap();
+            assert!(text.contains("\"type\":\"exit\""), "{argv:?}: {text}");
+        }
+        let resp = api
+            .delete(format!("{base}/{id}"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    });
+    let mut decision_lines = Vec::new();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        decision_lines = std::fs::read_to_string(&decisions)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let execs = decision_lines
+            .iter()
+            .filter(|l| l.contains("\"operation\":\"exec\""))
+            .count();
+        if execs >= argvs.len() {
+            break;
+        }
+    }
+    let actions: Vec<serde_json::Value> = decision_lines
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["kind"] == "policy" && r["layer"] == "action")
+        .collect();
+    assert_eq!(actions.len(), argvs.len(), "{decision_lines:#?}");
+    let mut lines = decision_lines;
+    lines.extend(running.stdout.lock().unwrap().iter().cloned());
+    let stderr = running.stderr.lock().unwrap().clone();
+    assert!(
+        stderr.iter().any(|l| l.contains("exec started")),
+        "diagnostics were captured: {stderr:#?}"
+    );
+    lines.extend(stderr);
+    ExecLogs { lines, actions }
+}
+
+/// SHA-256 of each argument's length (8 bytes, big-endian) and bytes, in order, in hex.
+fn argv_sha256(argv: &[String]) -> String {
+    let mut framed = Vec::new();
+    for arg in argv {
+        framed.extend_from_slice(&(arg.len() as u64).to_be_bytes());
+        framed.extend_from_slice(arg.as_bytes());
+    }
+    ring::digest::digest(&ring::digest::SHA256, &framed)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn strings(argv: &[&str]) -> Vec<String> {
+    argv.iter().map(|a| a.to_string()).collect()
+}
+
+#[test]
+fn exec_argv_reaches_no_log_line() {
+    if !root_or_skip("cli::exec_argv_reaches_no_log_line") {
+        return;
+    }
+    let password = "s3cretpass-argv-7f1e2d";
+    let other = "argv-secret-c0ffee-9911";
+    let userinfo = format!("user:{password}");
+    let argvs = vec![
+        strings(&["curl", "-s", "-u", &userinfo, "http://127.0.0.1:1/"]),
+        strings(&["sh", "-c", "test -n \"$1\"", "sh", other]),
+    ];
+    let logs = exec_and_collect_logs("", &argvs);
+    use base64::Engine as _;
+    let basic = base64::engine::general_purpose::STANDARD.encode(&userinfo);
+    for secret in [password, other, basic.as_str()] {
+        for line in &logs.lines {
+            assert!(!line.contains(secret), "a log line holds {secret}: {line}");
+        }
+    }
+    // What is logged instead: the program, the count, and a hash that identifies the argv.
+    for (record, argv) in logs.actions.iter().zip(&argvs) {
+        let exec = &record["input"]["exec"];
+        assert!(exec.get("argv").is_none(), "{record}");
+        assert_eq!(exec["argv0"], argv[0].as_str(), "{record}");
+        assert_eq!(exec["argc"], argv.len(), "{record}");
+        assert_eq!(exec["argv_sha256"], argv_sha256(argv), "{record}");
+        assert_eq!(record["decision"], "allow", "{record}");
+    }
+}
+
+#[test]
+fn full_argv_logs_the_whole_argv_when_asked() {
+    if !root_or_skip("cli::full_argv_logs_the_whole_argv_when_asked") {
+        return;
+    }
+    let argv = strings(&["sh", "-c", "test -n \"$1\"", "sh", "argv-logged-on-purpose"]);
+    let logs = exec_and_collect_logs("full_argv = true", std::slice::from_ref(&argv));
+    let exec = &logs.actions[0]["input"]["exec"];
+    assert_eq!(exec["argv"], serde_json::json!(argv), "{exec}");
+    // Diagnostics still never print it.
+    let stderr_hits = logs
+        .lines
+        .iter()
+        .filter(|l| l.contains("argv-logged-on-purpose"))
+        .count();
+    assert_eq!(stderr_hits, 1, "only the one decision record holds it");
 }

@@ -741,7 +741,7 @@ fn write_record(
     input: &Value,
 ) -> String {
     let mut input = serde_json::to_value(input).unwrap_or(serde_json::Value::Null);
-    crate::decision_log::redact_input(&mut input);
+    log.redact(&mut input);
     let deny: &[String] = if decision.allowed {
         &[]
     } else {
