@@ -248,8 +248,11 @@ async fn kill_9_mid_create_then_restart_resumes_without_loss_or_duplicate() {
         .unwrap();
     assert_eq!(list["sandboxes"].as_array().unwrap().len(), 1);
     assert_eq!(live_instances(&state_a).len(), 1);
-    // No token in the logs of either run.
-    let token = replay["egress"]["token"].as_str().unwrap();
+    // The replay does not show the token again (the first create did)...
+    let token = created["egress"]["token"].as_str().unwrap();
+    assert!(!replay.to_string().contains(token), "{replay}");
+    assert_eq!(replay["egress"]["token_already_shown"], true);
+    // ...and no token is in the logs of either run.
     assert!(!stderr_before.contains(token));
     assert!(!second.stderr.lock().unwrap().join("\n").contains(token));
 }

@@ -665,6 +665,95 @@ async fn same_key_with_a_different_body_is_a_conflict_and_keys_are_per_workspace
     assert_eq!(env.live("pool-a"), 2);
 }
 
+/// The egress token is shown once: by the create that made the sandbox. A replay of it (same
+/// key, same body) is the same sandbox without the token, saying it was already shown; a
+/// `GET`, the list and a `DELETE` never show it.
+#[tokio::test]
+async fn an_idempotent_replay_returns_the_sandbox_without_its_token() {
+    let env = start("").await;
+    let body = json!({"labels": {"job": "once"}});
+    let (status, first) = env.create(body.clone(), Some("show-once")).await;
+    assert_eq!(status, 201, "{first}");
+    let id = first["id"].as_str().unwrap().to_string();
+    let token = first["egress"]["token"].as_str().unwrap().to_string();
+    assert!(token.len() >= 32, "{first}");
+    assert_eq!(
+        first["egress"]["proxy_url"],
+        format!("http://{id}:{token}@{}", env.gw.server.proxy_addr())
+    );
+
+    // The replay, over raw HTTP: the same sandbox, no token anywhere in the body.
+    for _ in 0..2 {
+        let resp = env
+            .http
+            .post(env.gw.api("/v1/sandboxes"))
+            .bearer_auth(TOKEN_A)
+            .header("idempotency-key", "show-once")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        let text = resp.text().await.unwrap();
+        assert!(
+            !text.contains(&token),
+            "the replay showed the token: {text}"
+        );
+        let replay: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(replay["id"], id.as_str());
+        assert!(replay["egress"].get("token").is_none(), "{replay:#}");
+        assert_eq!(replay["egress"]["token_already_shown"], true, "{replay:#}");
+        assert_eq!(
+            replay["egress"]["proxy_url"],
+            format!("http://{id}:{{token}}@{}", env.gw.server.proxy_addr()),
+            "the replay's proxy URL names the token's place, not the token"
+        );
+    }
+
+    assert_eq!(first["egress"]["token_already_shown"], false, "{first}");
+
+    // Neither GET, the list nor DELETE show it.
+    let text = env.get_text(&id).await;
+    assert!(!text.contains(&token), "GET showed the token: {text}");
+    let list = env
+        .http
+        .get(env.gw.api("/v1/sandboxes"))
+        .bearer_auth(TOKEN_A)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(list.contains(&id) && !list.contains(&token), "{list}");
+
+    // The token still works: it was only not shown again.
+    let (status, _) = connect_tunnel(
+        env.gw.server.proxy_addr(),
+        "api.b.test:443",
+        Some((&id, &token)),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(status, 403, "authenticated, then refused by policy");
+
+    let deleted = env
+        .http
+        .delete(env.gw.api(&format!("/v1/sandboxes/{id}")))
+        .bearer_auth(TOKEN_A)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !deleted.contains(&token),
+        "DELETE showed the token: {deleted}"
+    );
+}
+
 // --------------------------------------------------------------- read, list, auth, secrets
 
 #[tokio::test]

@@ -1,8 +1,9 @@
 //! `/v1/sandboxes`: create (with `Idempotency-Key`), read, list, delete.
 //!
-//! The create response is the only place the sandbox's egress token appears (an idempotent
-//! replay of the same create, by the same workspace, returns the same response); `GET` and
-//! list show the proxy URL with `{token}` in its place.
+//! The create response is the only place the sandbox's egress token appears, and only the
+//! create that made the sandbox: an idempotent replay (same key and body, same workspace)
+//! returns the same sandbox with `egress.token_already_shown: true` and no token. `GET`,
+//! list, delete and replays show the proxy URL with `{token}` in its place.
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -38,11 +39,11 @@ fn not_found(id: &str) -> Response {
     post,
     path = "/v1/sandboxes",
     tag = "sandboxes",
-    params(("Idempotency-Key" = Option<String>, Header, description = "Same key and body return the same sandbox; scoped per workspace")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Same key and body return the same sandbox, without its egress token (shown once, to the first create); scoped per workspace")),
     request_body(content = Object, description = "Create request: workspace, provider, fallback_providers, source, resources, features, network, regions, labels, credentials, routing", content_type = "application/json"),
     responses(
-        (status = 201, description = "Placed and running; carries the egress token (shown only here)", body = Object),
-        (status = 202, description = "Accepted; placement continues in the background (pending, provisioning or reconciling)", body = Object),
+        (status = 201, description = "Placed and running. The create that made the sandbox carries its egress token (`egress.token`, also in `egress.proxy_url` and the proxy variables of `egress.env` unless `egress.enforcement` is `namespace`) with `egress.token_already_shown: false`; this is the only time it is shown. An idempotent replay has no `egress.token`, `{token}` in its place in the proxy URL, and `egress.token_already_shown: true`", body = Object),
+        (status = 202, description = "Accepted; placement continues in the background (pending, provisioning or reconciling). The token is shown as for 201", body = Object),
         (status = 400, description = "invalid_request"),
         (status = 401, description = "unauthenticated"),
         (status = 403, description = "forbidden, policy_denied or billing_refused"),

@@ -292,10 +292,14 @@ pub fn sandbox(cmd: SandboxCommand) -> Result<i32, CliError> {
                         if s != 200
                             || !["pending", "provisioning", "reconciling"].contains(&state.as_str())
                         {
-                            // Keep the token from the create response: GET never shows it.
+                            // Keep the token from the create response: GET never shows it
+                            // (nor does a replay of the create, which says so).
                             if let Some(egress) = current.get_mut("egress") {
-                                egress["token"] = created["egress"]["token"].clone();
-                                egress["proxy_url"] = created["egress"]["proxy_url"].clone();
+                                for field in ["token", "proxy_url", "token_already_shown"] {
+                                    if let Some(v) = created["egress"].get(field) {
+                                        egress[field] = v.clone();
+                                    }
+                                }
                             }
                             let ok = s == 200 && state == "running";
                             break (if ok { 201 } else { 500 }, current);

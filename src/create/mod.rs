@@ -256,7 +256,9 @@ impl Coordinator {
     // ---------------------------------------------------------------- create (API entry)
 
     /// `POST /v1/sandboxes`. Returns the status (`201` placed, `202` still working) and the
-    /// response body, which carries the egress token (the only place it is ever shown).
+    /// response body. The create that made the sandbox carries its egress token, the only
+    /// place it is ever shown; a replay of it (same `Idempotency-Key` and body) is the same
+    /// sandbox with `egress.token_already_shown: true` and no token.
     pub async fn create(
         self: &Arc<Self>,
         caller: &Principal,
@@ -445,7 +447,8 @@ impl Coordinator {
         }
     }
 
-    /// Same key: the same sandbox, when the body is the same too.
+    /// Same key: the same sandbox, when the body is the same too, without its token (that
+    /// was shown once, to the create that made it; see [`Coordinator::respond`]).
     async fn replay(
         &self,
         held_hash: &str,
@@ -477,30 +480,16 @@ impl Coordinator {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        let token = self.token_of(sandbox_id).await?;
-        self.respond(sandbox_id, token.as_deref()).await
-    }
-
-    async fn token_of(&self, sandbox_id: &str) -> Result<Option<String>, ErrorReply> {
-        let Some(row) = self
-            .deps
-            .store
-            .get_sandbox(sandbox_id)
-            .await
-            .map_err(internal)?
-        else {
-            return Ok(None);
-        };
-        let secret = self
-            .deps
-            .credentials
-            .key()
-            .open(&row.token_sealed, &token_context(sandbox_id))
-            .map_err(internal)?;
-        Ok(Some(secret.expose().to_string()))
+        self.respond(sandbox_id, None).await
     }
 
     /// The create response: 201 when running, 202 while working, the failure otherwise.
+    /// `token` is the egress token, given only by the create that made the sandbox: the
+    /// response then shows it (`egress.token`, and in `egress.proxy_url` and the proxy
+    /// variables unless the sandbox's proxy is inside it) with `egress.token_already_shown:
+    /// false`. Without it (a replay) the egress block is the one `GET` shows, the token's
+    /// place marked `{token}`, with `token_already_shown: true`: a token shown twice is a
+    /// token that can leak twice, from a retrying client's logs or a shared key.
     async fn respond(
         &self,
         id: &str,
@@ -537,6 +526,7 @@ impl Coordinator {
             return Err(reply);
         }
         let mut body = view;
+        body["egress"]["token_already_shown"] = json!(token.is_none());
         if let Some(token) = token {
             let egress = &mut body["egress"];
             egress["token"] = json!(token);
