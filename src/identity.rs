@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 
 use base64::Engine as _;
 use subtle::ConstantTimeEq;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::IdentityConfig;
 
@@ -26,6 +27,9 @@ pub struct Identity {
     /// Credentials of the workspace (or user) applied to this sandbox's traffic.
     pub bindings: Vec<Binding>,
     token: Vec<u8>,
+    /// Cancelled when the identity is revoked or replaced: every tunnel and upgraded stream
+    /// opened under it waits on this and ends at once, and every request checks it.
+    revoked: CancellationToken,
 }
 
 /// One bound credential and the placeholder this sandbox sees for it.
@@ -54,7 +58,19 @@ impl Identity {
                 .map(|d| crate::domain::normalize_host(d))
                 .collect(),
             token: token.into(),
+            revoked: CancellationToken::new(),
         }
+    }
+
+    /// Whether the identity was revoked (or replaced). Checked by every request, after its
+    /// credentials are applied, so none is forwarded with credentials once `revoke` returned.
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.is_cancelled()
+    }
+
+    /// A handle that is cancelled when the identity is revoked; tunnels select on it.
+    pub fn revocation(&self) -> CancellationToken {
+        self.revoked.clone()
     }
 }
 
@@ -142,16 +158,26 @@ impl IdentityRegistry {
         Ok(registry)
     }
 
+    /// Registers an identity. One that replaces an earlier identity of the same id (a new
+    /// token, other bindings) revokes the earlier one: its open tunnels end.
     pub fn register(&self, identity: Identity) {
         let mut map = self.by_id.write().unwrap_or_else(|e| e.into_inner());
-        map.insert(identity.id.clone(), Arc::new(identity));
+        if let Some(old) = map.insert(identity.id.clone(), Arc::new(identity)) {
+            old.revoked.cancel();
+        }
     }
 
-    /// Revokes an identity; connections already authenticated keep their `Arc` but every
-    /// new connection is refused.
+    /// Revokes an identity: new connections are refused, and every tunnel, upgraded stream
+    /// and request already running under it ends (they all wait on its cancellation).
     pub fn revoke(&self, id: &str) -> bool {
         let mut map = self.by_id.write().unwrap_or_else(|e| e.into_inner());
-        map.remove(id).is_some()
+        match map.remove(id) {
+            Some(old) => {
+                old.revoked.cancel();
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Identity>> {
@@ -199,29 +225,13 @@ fn parse_basic(header: &[u8]) -> Option<(String, Vec<u8>)> {
         .decode(encoded.trim())
         .ok()?;
     let colon = decoded.iter().position(|b| *b == b':')?;
-    let id = percent_decode(&decoded[..colon]);
-    let token = percent_decode(&decoded[colon + 1..]).into_bytes();
+    // Clients differ on whether they percent-decode the userinfo of a proxy URL before
+    // sending it; accept both spellings.
+    let id = percent_encoding::percent_decode(&decoded[..colon])
+        .decode_utf8_lossy()
+        .into_owned();
+    let token: Vec<u8> = percent_encoding::percent_decode(&decoded[colon + 1..]).collect();
     Some((id, token))
-}
-
-/// Clients differ on whether they percent-decode the userinfo of a proxy URL before
-/// sending it; accept both spellings.
-fn percent_decode(bytes: &[u8]) -> String {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-            if let Some(v) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -266,5 +276,21 @@ mod tests {
         let r = IdentityRegistry::default();
         r.register(Identity::new("sb1", "a:b@c", "ws", vec![], BTreeMap::new()));
         assert!(r.authenticate(Some(&basic("sb1", "a%3Ab%40c"))).is_some());
+    }
+
+    #[test]
+    fn revoking_or_replacing_an_identity_cancels_the_old_one() {
+        let r = IdentityRegistry::default();
+        r.register(Identity::new("sb1", "t1", "ws", vec![], BTreeMap::new()));
+        let first = r.get("sb1").unwrap();
+        assert!(!first.is_revoked());
+        r.register(Identity::new("sb1", "t2", "ws", vec![], BTreeMap::new()));
+        assert!(first.is_revoked(), "a replaced identity's tunnels must end");
+        let second = r.get("sb1").unwrap();
+        assert!(!second.is_revoked());
+        assert!(r.revoke("sb1"));
+        assert!(second.is_revoked());
+        assert!(second.revocation().is_cancelled());
+        assert!(!r.revoke("sb1"));
     }
 }
