@@ -362,8 +362,8 @@ pub fn redact_input(value: &mut serde_json::Value) {
             }
         }
         J::Array(items) => items.iter_mut().for_each(redact_input),
-        J::String(s) if s.contains(crate::credentials::seal::PLACEHOLDER_PREFIX) => {
-            *s = redact_placeholders(s);
+        J::String(s) if crate::credentials::scan::mentions_placeholder(s.as_bytes()) => {
+            *s = crate::credentials::scan::redact(s).into_owned();
         }
         _ => {}
     }
@@ -413,25 +413,6 @@ pub fn argv_sha256<S: AsRef<str>>(argv: &[S]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-/// `… sgph_abc123 …` → `… sgph_[redacted] …`: the prefix stays so a reader sees that a
-/// placeholder was there.
-fn redact_placeholders(text: &str) -> String {
-    let prefix = crate::credentials::seal::PLACEHOLDER_PREFIX;
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find(prefix) {
-        out.push_str(&rest[..at + prefix.len()]);
-        out.push_str(REDACTED);
-        let tail = &rest[at + prefix.len()..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-            .unwrap_or(tail.len());
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
 }
 
 /// `/path?a=1&b=x` → `/path?a=&b=`: keys stay (useful to read), values go (they carry tokens).

@@ -38,6 +38,8 @@ struct CredentialBody {
     apply: Apply,
     #[serde(default)]
     placeholder_env: Option<String>,
+    #[serde(default)]
+    scrub_response_body: bool,
 }
 
 fn forbidden(ws: &str) -> ErrorReply {
@@ -125,6 +127,7 @@ async fn create(
         destinations: body.destinations,
         apply: body.apply,
         placeholder_env: body.placeholder_env,
+        scrub_response_body: body.scrub_response_body,
     };
     if body.secret.is_none() {
         return error_reply(CredentialError::Invalid {
@@ -169,6 +172,7 @@ async fn replace(
         destinations: body.destinations,
         apply: body.apply,
         placeholder_env: body.placeholder_env,
+        scrub_response_body: body.scrub_response_body,
     };
     match state.credentials.put(meta, body.secret, true).await {
         Ok(meta) => Json(meta).into_response(),

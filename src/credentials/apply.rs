@@ -1,14 +1,31 @@
 //! Applying a sandbox's bound credentials to one outbound request.
+//!
+//! Contract (the "declared slot" rule):
+//! - A bound credential applies to a request when its destinations match (host, port, method
+//!   and the normalised path); it is authorized by the `sandgate.credential` layer and then
+//!   written into its slot: the header its `apply` names, `Authorization: Basic`, or the
+//!   query parameter. Whatever the sandbox sent in that slot is replaced.
+//! - A placeholder is accepted only in its own credential's slot on a request that
+//!   credential applies to (where it is overwritten by the secret's slot value). A
+//!   placeholder anywhere else — another header, a header name, the path, another query
+//!   parameter, the method, a request trailer, a malformed one, or one of a credential that
+//!   does not apply here — refuses the request with 403 `credential_destination_mismatch`,
+//!   and nothing is forwarded. So a secret is only ever written where its credential says,
+//!   never into a field an API might echo back.
+//! - The secret never enters a header value or URL the sandbox chose: substitution inside
+//!   sandbox-written text does not exist.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use base64::Engine as _;
-use http::{header, HeaderMap, HeaderValue, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use regorus::Value;
 use serde_json::json;
 
-use super::seal::{PLACEHOLDER_LEN, PLACEHOLDER_PREFIX};
-use super::{Apply, Credential, CredentialStore, Secret};
+use super::scan::{self, Token};
+use super::scrub::{Scrubber, QUERY_VALUE};
+use super::{Apply, Credential, CredentialStore};
 use crate::error::ErrorReply;
 use crate::identity::Identity;
 use crate::policy::PolicyEngine;
@@ -27,10 +44,107 @@ pub struct RequestView<'a> {
 #[derive(Default)]
 pub struct Applied {
     pub names: Vec<String>,
-    pub secrets: Vec<Secret>,
+    pub scrubbers: Vec<Arc<Scrubber>>,
+    /// Some applied credential asks for its secret to be scrubbed from response bodies.
+    pub scrub_body: bool,
+    /// The credentials as applied; checked again just before forwarding.
+    credentials: Vec<Arc<Credential>>,
 }
 
-/// Applies credentials to `headers` and `path_and_query` (rewritten in place).
+impl Applied {
+    /// Whether an applied credential was deleted or replaced since it was applied.
+    pub fn retired(&self) -> bool {
+        self.credentials.iter().any(|c| c.is_retired())
+    }
+}
+
+/// Where in a request a placeholder was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    Header(HeaderName),
+    HeaderName,
+    Path,
+    QueryName,
+    QueryValue(Vec<u8>),
+    Method,
+}
+
+impl Place {
+    fn describe(&self) -> String {
+        match self {
+            Place::Header(name) => format!("header {:?}", name.as_str()),
+            Place::HeaderName => "a header name".into(),
+            Place::Path => "the path".into(),
+            Place::QueryName => "a query parameter name".into(),
+            Place::QueryValue(name) => {
+                format!("query parameter {:?}", String::from_utf8_lossy(name))
+            }
+            Place::Method => "the method".into(),
+        }
+    }
+}
+
+/// Every placeholder in the parts of a request a sandbox writes before the body.
+pub fn find_placeholders(
+    method: &str,
+    headers: &HeaderMap,
+    path_and_query: &str,
+) -> Vec<(Place, Token)> {
+    let mut found = Vec::new();
+    let mut push = |place: Place, tokens: Vec<Token>| {
+        found.extend(tokens.into_iter().map(|t| (place.clone(), t)));
+    };
+    let mut tokens = Vec::new();
+    scan::find(method.as_bytes(), &mut tokens);
+    push(Place::Method, std::mem::take(&mut tokens));
+    for (name, value) in headers {
+        scan::find(name.as_str().as_bytes(), &mut tokens);
+        push(Place::HeaderName, std::mem::take(&mut tokens));
+        scan::find_with_basic(value.as_bytes(), &mut tokens);
+        push(Place::Header(name.clone()), std::mem::take(&mut tokens));
+    }
+    let (path, query) = split_query(path_and_query);
+    scan::find(path.as_bytes(), &mut tokens);
+    push(Place::Path, std::mem::take(&mut tokens));
+    for pair in scan::query_pairs(query.unwrap_or("")) {
+        scan::find(&pair.name, &mut tokens);
+        push(Place::QueryName, std::mem::take(&mut tokens));
+        scan::find(pair.value.as_bytes(), &mut tokens);
+        push(Place::QueryValue(pair.name), std::mem::take(&mut tokens));
+    }
+    found
+}
+
+fn split_query(path_and_query: &str) -> (&str, Option<&str>) {
+    match path_and_query.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (path_and_query, None),
+    }
+}
+
+/// Whether a bound credential of this identity covers `host:port` at all (any method or
+/// path): such requests must have a canonical path, since the path decides whether the
+/// credential is attached.
+pub fn credentialed_destination(
+    credentials: &CredentialStore,
+    identity: &Identity,
+    view: &RequestView<'_>,
+) -> bool {
+    view.scheme == "https"
+        && identity.bindings.iter().any(|binding| {
+            credentials
+                .get(&identity.workspace, &binding.name)
+                .is_some_and(|c| {
+                    c.meta
+                        .destinations
+                        .iter()
+                        .any(|d| d.covers(view.host, view.port))
+                })
+        })
+}
+
+/// Applies credentials to `headers` and `path_and_query` (rewritten in place). The path
+/// is already normalised (see `egress::path`).
 pub fn apply(
     credentials: &CredentialStore,
     policy: &PolicyEngine,
@@ -39,129 +153,152 @@ pub fn apply(
     headers: &mut HeaderMap,
     path_and_query: &mut String,
 ) -> Result<Applied, ErrorReply> {
-    let mut applied = Applied::default();
-    let has_placeholder =
-        headers_mention_placeholder(headers) || path_and_query.contains(PLACEHOLDER_PREFIX);
-    if identity.bindings.is_empty() && !has_placeholder {
-        return Ok(applied);
+    let found = find_placeholders(view.method, headers, path_and_query);
+    if identity.bindings.is_empty() && found.is_empty() {
+        return Ok(Applied::default());
     }
-    let path_only = path_and_query.split('?').next().unwrap_or("/").to_string();
-
-    // Bound credentials whose own destinations cover this request.
-    let mut applicable: Vec<(&str, std::sync::Arc<Credential>)> = Vec::new();
-    for binding in &identity.bindings {
-        let Some(credential) = credentials.get(&identity.workspace, &binding.name) else {
-            continue;
-        };
-        if view.scheme != "https" {
-            continue;
-        }
-        let matches = credential
-            .meta
-            .destinations
-            .iter()
-            .any(|d| d.matches(view.host, view.port, view.method, &path_only));
-        if matches {
-            applicable.push((binding.placeholder.as_str(), credential));
+    let applicable = applicable(credentials, identity, view, path_and_query);
+    for (place, token) in &found {
+        if !in_declared_slot(&applicable, place, token.as_deref()) {
+            return Err(mismatch_error(view, place));
         }
     }
-
     // Network permission alone never grants credential use: each one is authorized.
     for (_, credential) in &applicable {
-        let input = credential_input(credential, view, path_and_query);
-        let decision = policy.evaluate("credential", input);
-        if !decision.allowed {
-            return Err(ErrorReply::new(
-                StatusCode::FORBIDDEN,
-                "credential_denied",
-                format!(
-                    "use of credential {:?} for {}:{} is denied by policy: {}",
-                    credential.meta.name,
-                    view.host,
-                    view.port,
-                    decision.reasons.join("; ")
-                ),
-            )
-            .with_details(json!({
-                "host": view.host, "port": view.port,
-                "credential": credential.meta.name, "reasons": decision.reasons,
-            })));
-        }
+        authorize(policy, credential, view, path_and_query)?;
     }
-
-    if has_placeholder {
-        let resolve = |token: &str| -> Option<&Secret> {
-            applicable
-                .iter()
-                .find(|(placeholder, _)| *placeholder == token)
-                .map(|(_, c)| &c.secret)
-        };
-        let mismatch = |_: ()| mismatch_error(view);
-        *path_and_query = substitute(path_and_query, &resolve).map_err(mismatch)?;
-        let names: Vec<header::HeaderName> = headers.keys().cloned().collect();
-        for name in names {
-            let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
-            let mut rewritten = Vec::with_capacity(values.len());
-            let mut changed = false;
-            for value in values {
-                let text = String::from_utf8_lossy(value.as_bytes()).into_owned();
-                let new = if name == header::AUTHORIZATION && is_basic(&text) {
-                    substitute_basic(&text, &resolve).map_err(mismatch)?
-                } else {
-                    substitute(&text, &resolve).map_err(mismatch)?
-                };
-                if new != text {
-                    changed = true;
-                    let mut v = HeaderValue::from_str(&new).map_err(|_| mismatch_error(view))?;
-                    v.set_sensitive(true);
-                    rewritten.push(v);
-                } else {
-                    rewritten.push(value);
-                }
-            }
-            if changed {
-                headers.remove(&name);
-                for v in rewritten {
-                    headers.append(name.clone(), v);
-                }
-            }
-        }
-    }
-
-    for (_, credential) in &applicable {
-        let secret = credential.secret.expose();
-        match &credential.meta.apply {
-            Apply::Header { name, template } => {
-                let name = header::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| mismatch_error(view))?;
-                let mut value = HeaderValue::from_str(&template.replace("{secret}", secret))
-                    .map_err(|_| mismatch_error(view))?;
-                value.set_sensitive(true);
-                headers.insert(name, value);
-            }
-            Apply::Basic { username } => {
-                let encoded = base64::engine::general_purpose::STANDARD
-                    .encode(format!("{username}:{secret}"));
-                let mut value = HeaderValue::from_str(&format!("Basic {encoded}"))
-                    .map_err(|_| mismatch_error(view))?;
-                value.set_sensitive(true);
-                headers.insert(header::AUTHORIZATION, value);
-            }
-            Apply::Query { param } => {
-                *path_and_query = set_query_param(path_and_query, param, secret);
-            }
-        }
+    let mut applied = Applied::default();
+    for (_, credential) in applicable {
+        write_slot(&credential, headers, path_and_query).map_err(|()| slot_error(view))?;
         applied.names.push(credential.meta.name.clone());
-        applied.secrets.push(credential.secret.clone());
+        applied.scrubbers.push(credential.scrubber.clone());
+        applied.scrub_body |= credential.meta.scrub_response_body;
+        applied.credentials.push(credential);
     }
     Ok(applied)
 }
 
-fn mismatch_error(view: &RequestView<'_>) -> ErrorReply {
+/// Bound credentials whose own destinations cover this request, with their placeholders.
+fn applicable(
+    credentials: &CredentialStore,
+    identity: &Identity,
+    view: &RequestView<'_>,
+    path_and_query: &str,
+) -> Vec<(String, Arc<Credential>)> {
+    if view.scheme != "https" {
+        return Vec::new();
+    }
+    let (path, _) = split_query(path_and_query);
+    identity
+        .bindings
+        .iter()
+        .filter_map(|binding| {
+            let credential = credentials.get(&identity.workspace, &binding.name)?;
+            let matches = credential
+                .meta
+                .destinations
+                .iter()
+                .any(|d| d.matches(view.host, view.port, view.method, path));
+            matches.then(|| (binding.placeholder.clone(), credential))
+        })
+        .collect()
+}
+
+fn in_declared_slot(
+    applicable: &[(String, Arc<Credential>)],
+    place: &Place,
+    token: Option<&str>,
+) -> bool {
+    let Some(token) = token else {
+        return false;
+    };
+    applicable
+        .iter()
+        .find(|(placeholder, _)| placeholder == token)
+        .is_some_and(|(_, credential)| slot_matches(&credential.meta.apply, place))
+}
+
+fn slot_matches(apply: &Apply, place: &Place) -> bool {
+    match (apply, place) {
+        (Apply::Header { name, .. }, Place::Header(found)) => {
+            found.as_str().eq_ignore_ascii_case(name)
+        }
+        (Apply::Basic { .. }, Place::Header(found)) => found == header::AUTHORIZATION,
+        (Apply::Query { param }, Place::QueryValue(found)) => found == param.as_bytes(),
+        _ => false,
+    }
+}
+
+fn authorize(
+    policy: &PolicyEngine,
+    credential: &Credential,
+    view: &RequestView<'_>,
+    path_and_query: &str,
+) -> Result<(), ErrorReply> {
+    let input = credential_input(credential, view, path_and_query);
+    let decision = policy.evaluate("credential", input);
+    if decision.allowed {
+        return Ok(());
+    }
+    Err(ErrorReply::new(
+        StatusCode::FORBIDDEN,
+        "credential_denied",
+        format!(
+            "use of credential {:?} for {}:{} is denied by policy: {}",
+            credential.meta.name,
+            view.host,
+            view.port,
+            decision.reasons.join("; ")
+        ),
+    )
+    .with_details(json!({
+        "host": view.host, "port": view.port,
+        "credential": credential.meta.name, "reasons": decision.reasons,
+    })))
+}
+
+/// Writes the secret into the credential's slot, replacing what the sandbox sent there.
+fn write_slot(
+    credential: &Credential,
+    headers: &mut HeaderMap,
+    path_and_query: &mut String,
+) -> Result<(), ()> {
+    let secret = credential.secret.expose();
+    match &credential.meta.apply {
+        Apply::Header { name, template } => {
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| ())?;
+            let value = sensitive(&template.replace("{secret}", secret))?;
+            headers.insert(name, value);
+        }
+        Apply::Basic { username } => {
+            let encoded =
+                base64::engine::general_purpose::STANDARD.encode(format!("{username}:{secret}"));
+            headers.insert(
+                header::AUTHORIZATION,
+                sensitive(&format!("Basic {encoded}"))?,
+            );
+        }
+        Apply::Query { param } => {
+            *path_and_query = set_query_param(path_and_query, param, secret);
+        }
+    }
+    Ok(())
+}
+
+fn sensitive(text: &str) -> Result<HeaderValue, ()> {
+    let mut value = HeaderValue::from_str(text).map_err(|_| ())?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+fn mismatch_error(view: &RequestView<'_>, place: &Place) -> ErrorReply {
     let reason = if view.scheme == "https" {
-        "the request carries a credential placeholder that is not bound to this sandbox for this destination"
+        format!(
+            "the request carries a credential placeholder in {} that is not the declared slot of a credential bound to this sandbox for this destination",
+            place.describe()
+        )
     } else {
-        "the request carries a credential placeholder over plain HTTP; credentials are applied only over HTTPS"
+        "the request carries a credential placeholder over plain HTTP; credentials are applied only over HTTPS".to_string()
     };
     ErrorReply::new(
         StatusCode::FORBIDDEN,
@@ -174,97 +311,31 @@ fn mismatch_error(view: &RequestView<'_>) -> ErrorReply {
     .with_details(json!({"host": view.host, "port": view.port, "reasons": [reason]}))
 }
 
-fn headers_mention_placeholder(headers: &HeaderMap) -> bool {
-    headers.iter().any(|(name, value)| {
-        let bytes = value.as_bytes();
-        contains(bytes, PLACEHOLDER_PREFIX.as_bytes())
-            || (name == header::AUTHORIZATION
-                && std::str::from_utf8(bytes)
-                    .ok()
-                    .and_then(decode_basic)
-                    .is_some_and(|d| d.contains(PLACEHOLDER_PREFIX)))
-    })
+fn slot_error(view: &RequestView<'_>) -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "credential_unusable",
+        format!(
+            "a credential for {}:{} cannot be written into its slot (its secret is not a valid header value)",
+            view.host, view.port
+        ),
+    )
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-/// Replaces every placeholder in `text`; any `sgph_` that is not a placeholder the caller
-/// can resolve is an error (it would otherwise leave unresolved).
-fn substitute<'s>(text: &str, resolve: &dyn Fn(&str) -> Option<&'s Secret>) -> Result<String, ()> {
-    if !text.contains(PLACEHOLDER_PREFIX) {
-        return Ok(text.to_string());
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find(PLACEHOLDER_PREFIX) {
-        out.push_str(&rest[..at]);
-        let candidate = rest.get(at..at + PLACEHOLDER_LEN).ok_or(())?;
-        let secret = resolve(candidate).ok_or(())?;
-        out.push_str(secret.expose());
-        rest = &rest[at + PLACEHOLDER_LEN..];
-    }
-    out.push_str(rest);
-    Ok(out)
-}
-
-fn is_basic(value: &str) -> bool {
-    value.len() > 6 && value[..6].eq_ignore_ascii_case("basic ")
-}
-
-fn decode_basic(value: &str) -> Option<String> {
-    if !is_basic(value) {
-        return None;
-    }
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(value[6..].trim())
-        .ok()?;
-    String::from_utf8(bytes).ok()
-}
-
-/// Placeholders hidden inside `Authorization: Basic` (clients encode `user:password`).
-fn substitute_basic<'s>(
-    value: &str,
-    resolve: &dyn Fn(&str) -> Option<&'s Secret>,
-) -> Result<String, ()> {
-    match decode_basic(value) {
-        Some(decoded) if decoded.contains(PLACEHOLDER_PREFIX) => {
-            let replaced = substitute(&decoded, resolve)?;
-            Ok(format!(
-                "Basic {}",
-                base64::engine::general_purpose::STANDARD.encode(replaced)
-            ))
-        }
-        _ => substitute(value, resolve),
-    }
-}
-
+/// `?param=secret`, replacing every pair the sandbox sent under that name (compared
+/// decoded, so `k%65y=` is the same parameter as `key=`).
 fn set_query_param(path_and_query: &str, param: &str, value: &str) -> String {
-    let (path, query) = path_and_query
-        .split_once('?')
-        .unwrap_or((path_and_query, ""));
-    let encoded: String = url_encode(value);
-    let mut parts: Vec<String> = query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .filter(|p| p.split('=').next() != Some(param))
-        .map(str::to_string)
+    let (path, query) = split_query(path_and_query);
+    let mut parts: Vec<String> = scan::query_pairs(query.unwrap_or(""))
+        .filter(|pair| pair.name != param.as_bytes())
+        .map(|pair| pair.raw.to_string())
         .collect();
-    parts.push(format!("{param}={encoded}"));
+    parts.push(format!(
+        "{}={}",
+        percent_encoding::utf8_percent_encode(param, QUERY_VALUE),
+        percent_encoding::utf8_percent_encode(value, QUERY_VALUE)
+    ));
     format!("{path}?{}", parts.join("&"))
-}
-
-fn url_encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 fn credential_input(
@@ -283,38 +354,21 @@ fn credential_input(
     Value::from(input)
 }
 
-/// Removes applied secrets from response headers: an upstream that reflects request
-/// headers must not hand the secret to the sandbox.
-pub fn scrub_response_headers(headers: &mut HeaderMap, secrets: &[Secret]) {
-    if secrets.is_empty() {
-        return;
-    }
-    let names: Vec<header::HeaderName> = headers.keys().cloned().collect();
-    for name in names {
-        let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
-        if !values.iter().any(|v| {
-            secrets
-                .iter()
-                .any(|s| contains(v.as_bytes(), s.expose().as_bytes()))
-        }) {
-            continue;
+/// Whether request trailers carry a placeholder (trailers are never a declared slot).
+pub fn trailers_mention_placeholder(trailers: &HeaderMap) -> bool {
+    trailers.iter().any(|(name, value)| {
+        scan::mentions_placeholder(name.as_str().as_bytes()) || {
+            let mut found = Vec::new();
+            scan::find_with_basic(value.as_bytes(), &mut found);
+            !found.is_empty()
         }
-        headers.remove(&name);
-        for value in values {
-            let mut text = String::from_utf8_lossy(value.as_bytes()).into_owned();
-            for secret in secrets {
-                text = text.replace(secret.expose(), "[redacted by sandgate]");
-            }
-            if let Ok(v) = HeaderValue::from_str(&text) {
-                headers.append(name.clone(), v);
-            }
-        }
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::credentials::seal::PLACEHOLDER_PREFIX;
 
     #[test]
     fn query_param_is_replaced_not_duplicated() {
@@ -322,23 +376,52 @@ mod tests {
             set_query_param("/a?key=old&x=1", "key", "s e"),
             "/a?x=1&key=s%20e"
         );
+        assert_eq!(set_query_param("/a?k%65y=old", "key", "v"), "/a?key=v");
         assert_eq!(set_query_param("/a", "key", "v"), "/a?key=v");
     }
 
     #[test]
-    fn unresolvable_placeholders_are_errors() {
-        let secret = Secret::new("REAL");
-        let good = format!("{PLACEHOLDER_PREFIX}{}", "a".repeat(40));
-        let resolve = |t: &str| (t == good).then_some(&secret);
-        assert_eq!(
-            substitute(&format!("Bearer {good}"), &resolve).unwrap(),
-            "Bearer REAL"
+    fn placeholders_are_found_in_every_place_before_the_body() {
+        let p = format!("{PLACEHOLDER_PREFIX}{}", "0f".repeat(20));
+        let mut headers = HeaderMap::new();
+        headers.insert("x-a", HeaderValue::from_str(&format!("v {p}")).unwrap());
+        headers.insert(
+            HeaderName::from_bytes(p.as_bytes()).unwrap(),
+            HeaderValue::from_static("1"),
         );
-        assert!(substitute(
-            &format!("Bearer {PLACEHOLDER_PREFIX}{}", "b".repeat(40)),
-            &resolve
-        )
-        .is_err());
-        assert!(substitute(&format!("Bearer {PLACEHOLDER_PREFIX}short"), &resolve).is_err());
+        let path = format!("/r/%73gph_{}?{p}=1&q=sgph%5F{}", &p[5..], &p[5..]);
+        let found = find_placeholders("GET", &headers, &path);
+        let places: Vec<&Place> = found.iter().map(|(p, _)| p).collect();
+        assert!(places.contains(&&Place::Header(HeaderName::from_static("x-a"))));
+        assert!(places.contains(&&Place::HeaderName));
+        assert!(places.contains(&&Place::Path));
+        assert!(places.contains(&&Place::QueryName));
+        assert!(places.contains(&&Place::QueryValue(b"q".to_vec())));
+        assert!(found.iter().all(|(_, t)| t.as_deref() == Some(p.as_str())));
+    }
+
+    #[test]
+    fn slots_follow_the_apply_type() {
+        let auth = Place::Header(header::AUTHORIZATION);
+        let header_apply = Apply::Header {
+            name: "X-Api-Key".into(),
+            template: "{secret}".into(),
+        };
+        assert!(slot_matches(
+            &header_apply,
+            &Place::Header(HeaderName::from_static("x-api-key"))
+        ));
+        assert!(!slot_matches(&header_apply, &auth));
+        let basic = Apply::Basic {
+            username: "u".into(),
+        };
+        assert!(slot_matches(&basic, &auth));
+        assert!(!slot_matches(&basic, &Place::Path));
+        let query = Apply::Query {
+            param: "key".into(),
+        };
+        assert!(slot_matches(&query, &Place::QueryValue(b"key".to_vec())));
+        assert!(!slot_matches(&query, &Place::QueryValue(b"q".to_vec())));
+        assert!(!slot_matches(&query, &Place::QueryName));
     }
 }

@@ -13,17 +13,23 @@
 //!   match is authorized by the `sandgate.credential` policy layer with destination context
 //!   and then applied (replacing what the sandbox sent in that place); a refusal refuses the
 //!   request (403 `credential_denied`), it is never forwarded without the credential.
-//!   Placeholders (`sgph_…`, one per sandbox and credential) found in headers or the query
-//!   are replaced by the secret for matching destinations; any placeholder on a request to
-//!   another destination, or one that is not this sandbox's, refuses the request (403
-//!   `credential_destination_mismatch`): a placeholder never reaches an upstream.
+//! - Placeholders (`sgph_…`, one per sandbox and credential) are accepted only in their
+//!   credential's declared slot (see [`apply`]); anywhere else, in any encoding the scanner
+//!   knows ([`scan`]), they refuse the request (403 `credential_destination_mismatch`): a
+//!   placeholder never reaches an upstream, and a secret is never written outside its slot.
+//! - Responses to a request that carried a secret are scrubbed of it ([`scrub`]).
+//! - Deleting or replacing a credential retires the version in memory at once: a request that
+//!   applied it and has not been forwarded yet is refused instead.
 
 pub mod apply;
+pub mod scan;
+pub mod scrub;
 pub mod seal;
 pub mod secret;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
@@ -51,14 +57,19 @@ pub struct DestinationRule {
 }
 
 impl DestinationRule {
-    pub fn matches(&self, host: &str, port: u16, method: &str, path: &str) -> bool {
+    /// Host and port only (any method, any path).
+    pub fn covers(&self, host: &str, port: u16) -> bool {
         let port_ok = if self.ports.is_empty() {
             port == 443
         } else {
             self.ports.contains(&port)
         };
-        port_ok
-            && crate::domain::matches(&self.host, host)
+        port_ok && crate::domain::matches(&self.host, host)
+    }
+
+    /// `path` is the normalised path without the query.
+    pub fn matches(&self, host: &str, port: u16, method: &str, path: &str) -> bool {
+        self.covers(host, port)
             && (self.methods.is_empty()
                 || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method)))
             && self
@@ -92,6 +103,10 @@ pub struct CredentialMeta {
     /// Environment variable a sandbox receives its placeholder in (e.g. `GITHUB_TOKEN`).
     #[serde(default)]
     pub placeholder_env: Option<String>,
+    /// Also remove the secret from response bodies (text content types, streamed; see
+    /// `credentials::scrub`). Response headers and trailers are always scrubbed.
+    #[serde(default)]
+    pub scrub_response_body: bool,
 }
 
 impl CredentialMeta {
@@ -182,6 +197,8 @@ pub struct CredentialConfig {
     pub apply: Apply,
     #[serde(default)]
     pub placeholder_env: Option<String>,
+    #[serde(default)]
+    pub scrub_response_body: bool,
     /// Environment variable holding the secret.
     #[serde(default)]
     pub secret_env: Option<String>,
@@ -199,6 +216,7 @@ impl CredentialConfig {
             destinations: self.destinations.clone(),
             apply: self.apply.clone(),
             placeholder_env: self.placeholder_env.clone(),
+            scrub_response_body: self.scrub_response_body,
         }
     }
 
@@ -257,6 +275,21 @@ pub struct Credential {
     pub version: i64,
     /// `input.credential` for the credential policy layer, built once.
     pub policy_value: regorus::Value,
+    /// Every form of the secret, to scrub responses with.
+    pub scrubber: Arc<scrub::Scrubber>,
+    /// Set when this version is deleted or replaced.
+    retired: AtomicBool,
+}
+
+impl Credential {
+    /// Whether this version was deleted or replaced since it was read.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
+    }
+
+    fn retire(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+    }
 }
 
 /// The credential set: sealed in the store, open in memory for the request path.
@@ -311,16 +344,27 @@ impl CredentialStore {
             "name": meta.name, "workspace": meta.workspace, "user": meta.user,
             "destinations": meta.destinations,
         }));
+        let username = match &meta.apply {
+            Apply::Basic { username } => Some(username.as_str()),
+            _ => None,
+        };
+        let scrubber = Arc::new(scrub::Scrubber::new(&secret, username));
         let credential = Arc::new(Credential {
             meta,
             secret,
             version,
             policy_value,
+            scrubber,
+            retired: AtomicBool::new(false),
         });
-        self.by_name
+        let replaced = self
+            .by_name
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, credential);
+        if let Some(old) = replaced {
+            old.retire();
+        }
     }
 
     pub fn get(&self, workspace: &str, name: &str) -> Option<Arc<Credential>> {
@@ -389,10 +433,14 @@ impl CredentialStore {
 
     pub async fn delete(&self, workspace: &str, name: &str) -> Result<(), CredentialError> {
         let removed = self.store.delete_credential(workspace, name).await?;
-        self.by_name
+        let cached = self
+            .by_name
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(workspace.to_string(), name.to_string()));
+        if let Some(old) = cached {
+            old.retire();
+        }
         if !removed {
             return Err(CredentialError::NotFound {
                 workspace: workspace.into(),
