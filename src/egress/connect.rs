@@ -1,5 +1,10 @@
 //! The proxy-facing side: who is asking (407 otherwise), and what they ask for — a CONNECT
 //! tunnel or one absolute-form request.
+//!
+//! CONNECT phases, in order: the destination host may not carry a placeholder (refused
+//! before any lookup) → `sandgate.egress` on the name, unresolved (a refused name is never
+//! looked up) → resolve once and vet every address with the real port → record → the tunnel
+//! ([`super::tunnel`]) with those vetted addresses.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -7,14 +12,19 @@ use std::time::Instant;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use serde_json::json;
 use tracing::Instrument;
 
-use super::forward::{self, Outcome, Target};
-use super::{reply, tunnel, EgressState, ProxyBody};
+use super::body::{full, reply, ProxyBody};
+use super::decision::{
+    egress_denied, placeholder_in_destination, record, record_unidentified, resolve_error,
+    sandbox_inactive, Outcome,
+};
+use super::state::{next_request_id, EgressState};
+use super::target::{split_authority, Target};
+use super::{forward, tunnel};
+use crate::credentials::scan;
 use crate::error::ErrorReply;
 use crate::identity::Identity;
-use crate::net::ResolveError;
 use crate::policy::input::{destination_value, egress_input, Destination};
 
 pub(crate) async fn proxy_request(
@@ -37,37 +47,49 @@ pub(crate) async fn proxy_request(
             // The sandbox's own listener, but its identity is gone (deleted) or not yet
             // registered: nothing goes out, and no credentials would help.
             tracing::debug!(%peer, sandbox = %id, "sandbox listener without an active identity");
-            return reply(&ErrorReply::new(
-                StatusCode::FORBIDDEN,
-                "sandbox_inactive",
-                format!("sandbox {id} has no active egress identity (deleted, or not running yet)"),
-            ));
+            return reply(&sandbox_inactive(id));
         }
-        let host = req.uri().host().unwrap_or("").to_string();
-        let port = req.uri().port_u16().unwrap_or(0);
-        forward::record_unidentified(&state, &host, port, req.method().as_str(), started);
-        tracing::debug!(%peer, "proxy request without valid credentials");
-        let mut response = reply(&ErrorReply::new(
-            StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-            "proxy_auth_required",
-            "sandgate needs the sandbox's proxy credentials: use HTTP_PROXY=http://<sandbox-id>:<token>@host:port",
-        ));
-        response.headers_mut().insert(
-            header::PROXY_AUTHENTICATE,
-            HeaderValue::from_static("Basic realm=\"sandgate\""),
-        );
-        return response;
+        return unidentified(&state, peer, &req, started);
     };
-
     let span = tracing::info_span!(
         "egress",
         sandbox = %identity.id,
         workspace = %identity.workspace,
-        request_id = %super::next_request_id(),
+        request_id = %next_request_id(),
     );
     dispatch(state, identity, req, started)
         .instrument(span)
         .await
+}
+
+fn unidentified(
+    state: &EgressState,
+    peer: SocketAddr,
+    req: &Request<Incoming>,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let host = req.uri().host().unwrap_or("");
+    let port = req.uri().port_u16().unwrap_or(0);
+    record_unidentified(state, host, port, req.method().as_str(), started);
+    tracing::debug!(%peer, "proxy request without valid credentials");
+    let mut response = reply(&ErrorReply::new(
+        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+        "proxy_auth_required",
+        "sandgate needs the sandbox's proxy credentials: use HTTP_PROXY=http://<sandbox-id>:<token>@host:port",
+    ));
+    response.headers_mut().insert(
+        header::PROXY_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"sandgate\""),
+    );
+    response
+}
+
+fn bad_request(message: &'static str) -> Response<ProxyBody> {
+    reply(&ErrorReply::new(
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        message,
+    ))
 }
 
 async fn dispatch(
@@ -78,26 +100,23 @@ async fn dispatch(
 ) -> Response<ProxyBody> {
     if req.method() == Method::CONNECT {
         let Some((host, port)) = req.uri().authority().and_then(|a| split_authority(a, 443)) else {
-            return reply(&ErrorReply::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                "CONNECT needs a host:port target",
-            ));
+            return bad_request("CONNECT needs a host:port target");
         };
         let target = Arc::new(Target::new(identity, host, port));
         return connect(state, target, req, started).await;
     }
-
-    let scheme = req.uri().scheme_str().map(str::to_ascii_lowercase);
-    let default_port = match scheme.as_deref() {
+    let default_port = match req
+        .uri()
+        .scheme_str()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         Some("http") => 80,
         Some("https") => 443,
         _ => {
-            return reply(&ErrorReply::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
+            return bad_request(
                 "sandgate is a forward proxy: send CONNECT or an absolute-form http:// request",
-            ))
+            )
         }
     };
     let Some((host, port)) = req
@@ -105,28 +124,29 @@ async fn dispatch(
         .authority()
         .and_then(|a| split_authority(a, default_port))
     else {
-        return reply(&ErrorReply::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "the request URI has no host",
-        ));
+        return bad_request("the request URI has no host");
     };
+    if scan::mentions_placeholder(host.as_bytes()) {
+        let target = Target::new(identity, host, port);
+        return refuse_placeholder_host(&state, &target, req.method().as_str(), started);
+    }
     let target = Arc::new(Target::new(identity, host, port));
     let scheme = if default_port == 443 { "https" } else { "http" };
     forward::handle(state, target, scheme, None, req).await
 }
 
-/// Host (lower-case, IPv6 without brackets) and port of an authority.
-fn split_authority(authority: &http::uri::Authority, default_port: u16) -> Option<(String, u16)> {
-    let host = authority.host();
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return None;
-    }
-    Some((
-        crate::domain::normalize_host(host),
-        authority.port_u16().unwrap_or(default_port),
-    ))
+fn refuse_placeholder_host(
+    state: &EgressState,
+    target: &Target,
+    method: &str,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let error = placeholder_in_destination(target.port);
+    let mut outcome = Outcome::new("connect", "connect", method, None);
+    outcome.generation = state.policy.generation();
+    outcome.deny(&error, vec![error.message.clone()]);
+    record(state, target, outcome, started);
+    reply(&error)
 }
 
 async fn connect(
@@ -135,6 +155,9 @@ async fn connect(
     mut req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
+    if scan::mentions_placeholder(target.host.as_bytes()) {
+        return refuse_placeholder_host(&state, &target, "CONNECT", started);
+    }
     // Decide on the name before resolving it: a refused name is never looked up.
     let literal_ip = target.host.parse::<IpAddr>().ok();
     let input = egress_input(
@@ -152,9 +175,9 @@ async fn connect(
     let mut outcome = Outcome::new("connect", "connect", "CONNECT", None);
     outcome.generation = decision.generation;
     if !decision.allowed {
-        let error = forward::egress_denied(&target, &decision.reasons);
+        let error = egress_denied(&target, &decision.reasons);
         outcome.deny(&error, decision.reasons.clone());
-        forward::record(&state, &target, outcome, started);
+        record(&state, &target, outcome, started);
         return reply(&error);
     }
     let ips = match state.resolver.resolve(&target.host, target.port).await {
@@ -162,13 +185,13 @@ async fn connect(
         Err(e) => {
             let error = resolve_error(&target, &e);
             outcome.deny(&error, vec![e.to_string()]);
-            forward::record(&state, &target, outcome, started);
+            record(&state, &target, outcome, started);
             return reply(&error);
         }
     };
     outcome.ip = Some(ips[0]);
     outcome.action = Some(decision.action.clone());
-    forward::record(&state, &target, outcome, started);
+    record(&state, &target, outcome, started);
 
     let on_upgrade = hyper::upgrade::on(&mut req);
     let action = decision.action;
@@ -182,29 +205,5 @@ async fn connect(
         }
         .instrument(tracing::Span::current()),
     );
-    Response::new(super::full(bytes::Bytes::new()))
-}
-
-pub(crate) fn resolve_error(target: &Target, e: &ResolveError) -> ErrorReply {
-    match e {
-        ResolveError::Forbidden { ip, why, .. } => ErrorReply::new(
-            StatusCode::FORBIDDEN,
-            "destination_forbidden",
-            format!(
-                "{} resolves to {ip}, a {} address that sandboxes may not reach",
-                target.host,
-                why.as_str()
-            ),
-        )
-        .with_details(json!({
-            "host": target.host, "port": target.port, "ip": ip.to_string(),
-            "reasons": [format!("{} address", why.as_str())],
-        })),
-        ResolveError::Lookup { reason, .. } => ErrorReply::new(
-            StatusCode::BAD_GATEWAY,
-            "dns_failed",
-            format!("cannot resolve {}: {reason}", target.host),
-        )
-        .with_details(json!({"host": target.host, "port": target.port})),
-    }
+    Response::new(full(bytes::Bytes::new()))
 }

@@ -1,222 +1,139 @@
-//! One HTTP request from a sandbox: checked (authority, method, policy), then forwarded to
-//! the vetted upstream, streaming both ways (trailers and upgrades included).
+//! One HTTP request from a sandbox, as named phases that run in this order (the way
+//! pingora's `ProxyHttp` names the steps of its request path). Each phase either hands the
+//! request on or stops it with the answer the sandbox gets; a stop is recorded once.
+//!
+//! 1. [`admit`] — runs first, before anything is decided: the identity is still live,
+//!    `Host`/`:authority` name the tunnel's destination, `TRACE`/`TRACK` are refused. The
+//!    path was already put in canonical form ([`super::path`]); everything after sees only
+//!    that form, and an h2 WebSocket (extended CONNECT) is seen as the `GET` handshake it
+//!    is forwarded as.
+//! 2. [`request_policy`] — the `sandgate.egress` layer on this request.
+//! 3. [`resolve`] — absolute-form requests only (a tunnel's destination was resolved and
+//!    vetted at CONNECT): resolve and vet, and take the pools that dial exactly those
+//!    addresses.
+//! 4. [`credentials`] — a credentialed destination needs an unambiguous path; placeholders
+//!    only in their declared slots; the `sandgate.credential` layer; secrets written into
+//!    their slots. Last before anything leaves: the identity and the applied credentials
+//!    are checked still live, so nothing is forwarded with a credential once a revocation
+//!    has returned.
+//! 5. [`upstream_request`] — the upstream request (canonical URI, hop-by-hop headers
+//!    removed, trailers guarded), sent over
+//!    the vetted pool; the address actually dialed goes into the record.
+//! 6. [`response`] — the answer to the sandbox: the WebSocket accept checked, an upgrade
+//!    spliced, hop-by-hop headers removed, secrets scrubbed from headers, trailers and (when
+//!    a credential asks) text bodies, on every path including 101 and extended CONNECT.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{header, HeaderMap, HeaderName, Method, Request, Response, StatusCode, Version};
+use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::connect::HttpInfo;
 use serde_json::json;
 
-use super::connect::resolve_error;
-use super::{reply, EgressState, ProxyBody};
-use crate::credentials::apply::{apply as apply_credentials, scrub_response_headers, RequestView};
-use crate::decision_log::{now_rfc3339, redact_query, DecisionRecord};
+use super::body::{reply, BoxError, GuardedRequest, ProxyBody, ScrubbedResponse};
+use super::decision::{
+    egress_denied, reasons_of, record, resolve_error, sandbox_inactive, Outcome,
+};
+use super::hop::{check_authority, strip_hop_by_hop};
+use super::path;
+use super::state::EgressState;
+use super::target::Target;
+use super::upstream::UpstreamPair;
+use super::websocket;
+use crate::credentials::apply::{apply, credentialed_destination, Applied, RequestView};
+use crate::credentials::scrub::scrub_headers;
 use crate::error::ErrorReply;
-use crate::identity::Identity;
 use crate::policy::input::{
-    destination_value, egress_input, request_value, sandbox_value, Destination, RequestFacts,
+    destination_value, egress_input, request_value, Destination, RequestFacts,
 };
 
-/// Where a sandbox asked to go: the CONNECT authority or the absolute URI's authority.
-pub(crate) struct Target {
-    pub identity: Arc<Identity>,
-    /// Lower-case; IPv6 literals without brackets.
-    pub host: String,
-    pub port: u16,
-    /// `host:port` as it goes into an upstream URI.
-    pub authority: String,
-    /// The sandbox part of every policy input, built once per tunnel.
-    pub sandbox: regorus::Value,
-}
-
-impl Target {
-    pub fn new(identity: Arc<Identity>, host: String, port: u16) -> Target {
-        let authority = if host.contains(':') {
-            format!("[{host}]:{port}")
-        } else {
-            format!("{host}:{port}")
-        };
-        let sandbox = sandbox_value(&identity);
-        Target {
-            identity,
-            host,
-            port,
-            authority,
-            sandbox,
-        }
-    }
-}
-
-/// What is written to the decision log for one decision.
-pub(crate) struct Outcome {
-    pub phase: &'static str,
-    pub protocol: &'static str,
-    pub method: String,
-    pub path: Option<String>,
-    pub ip: Option<IpAddr>,
-    pub decision: &'static str,
-    pub code: Option<&'static str>,
-    pub reasons: Vec<String>,
-    pub action: Option<String>,
-    pub credentials: Vec<String>,
-    pub generation: u64,
-}
-
-impl Outcome {
-    pub fn new(
-        phase: &'static str,
-        protocol: &'static str,
-        method: &str,
-        path: Option<String>,
-    ) -> Outcome {
-        Outcome {
-            phase,
-            protocol,
-            method: method.to_string(),
-            path,
-            ip: None,
-            decision: "allow",
-            code: None,
-            reasons: Vec::new(),
-            action: None,
-            credentials: Vec::new(),
-            generation: 0,
-        }
-    }
-
-    pub fn deny(&mut self, error: &ErrorReply, reasons: Vec<String>) {
-        self.decision = "deny";
-        self.code = Some(error.code);
-        self.reasons = reasons;
-    }
-}
-
-pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, started: Instant) {
-    let latency = started.elapsed();
-    metrics::histogram!("sandgate_proxy_decision_seconds", "phase" => outcome.phase)
-        .record(latency.as_secs_f64());
-    metrics::counter!(
-        "sandgate_egress_decisions_total",
-        "phase" => outcome.phase,
-        "decision" => outcome.decision
-    )
-    .increment(1);
-    // Inside the request's span, so diagnostics carry sandbox, workspace and request id.
-    tracing::debug!(
-        phase = outcome.phase,
-        host = %target.host,
-        port = target.port,
-        decision = outcome.decision,
-        code = outcome.code.unwrap_or(""),
-        "egress decision"
-    );
-    if !state.log.enabled() {
-        return;
-    }
-    state.log.record(DecisionRecord {
-        ts: now_rfc3339(),
-        kind: "egress",
-        sandbox: Some(target.identity.id.clone()),
-        workspace: Some(target.identity.workspace.clone()),
-        phase: outcome.phase,
-        protocol: outcome.protocol,
-        host: target.host.clone(),
-        port: target.port,
-        ip: outcome.ip.map(|ip| ip.to_string()),
-        method: Some(outcome.method),
-        path: outcome.path.map(|p| redact_query(&p)),
-        decision: outcome.decision,
-        code: outcome.code,
-        reasons: outcome.reasons,
-        action: outcome.action,
-        credentials: outcome.credentials,
-        policy_generation: outcome.generation,
-        latency_us: latency.as_micros() as u64,
-    });
-}
-
-pub(crate) fn record_unidentified(
-    state: &EgressState,
-    host: &str,
-    port: u16,
-    method: &str,
-    started: Instant,
-) {
-    metrics::counter!(
-        "sandgate_egress_decisions_total",
-        "phase" => "identify",
-        "decision" => "deny"
-    )
-    .increment(1);
-    if !state.log.enabled() {
-        return;
-    }
-    state.log.record(DecisionRecord {
-        ts: now_rfc3339(),
-        kind: "egress",
-        sandbox: None,
-        workspace: None,
-        phase: "identify",
-        protocol: "proxy",
-        host: host.to_string(),
-        port,
-        ip: None,
-        method: Some(method.to_string()),
-        path: None,
-        decision: "deny",
-        code: Some("proxy_auth_required"),
-        reasons: vec!["missing or invalid proxy credentials".into()],
-        action: None,
-        credentials: Vec::new(),
-        policy_generation: state.policy.generation(),
-        latency_us: started.elapsed().as_micros() as u64,
-    });
-}
-
-pub(crate) fn egress_denied(target: &Target, reasons: &[String]) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::FORBIDDEN,
-        "egress_denied",
-        format!(
-            "egress to {}:{} is denied by policy: {}",
-            target.host,
-            target.port,
-            reasons.join("; ")
-        ),
-    )
-    .with_details(json!({"host": target.host, "port": target.port, "reasons": reasons}))
-}
-
-fn protocol_of(version: Version, scheme: &str) -> &'static str {
-    match (scheme, version) {
-        ("https", Version::HTTP_2) => "https/h2",
-        ("https", _) => "https/h1",
-        (_, Version::HTTP_2) => "http/h2",
-        _ => "http/h1",
-    }
-}
-
 /// What every request of a CONNECT tunnel shares once its destination is vetted: the
-/// addresses resolved and checked at CONNECT, and the destination part of the policy input,
-/// built once per tunnel rather than per request (it was ~5% of the proxy's CPU per request).
+/// addresses resolved and checked at CONNECT, the destination part of the policy input
+/// (built once per tunnel: it was ~5% of the proxy's CPU per request), and the pools that
+/// dial exactly those addresses.
 pub(crate) struct Vetted {
     pub ips: Arc<[IpAddr]>,
     pub destination: regorus::Value,
+    pub upstream: Arc<UpstreamPair>,
 }
 
 impl Vetted {
-    pub fn new(target: &Target, scheme: &'static str, ips: Arc<[IpAddr]>) -> Vetted {
+    pub fn new(
+        state: &EgressState,
+        target: &Target,
+        scheme: &'static str,
+        ips: Arc<[IpAddr]>,
+    ) -> Vetted {
         let destination = destination_value(&Destination {
             host: &target.host,
             port: target.port,
             ip: Some(ips[0]),
             scheme,
         });
-        Vetted { ips, destination }
+        let upstream = state.upstreams.for_addrs(&ips, target.port);
+        Vetted {
+            ips,
+            destination,
+            upstream,
+        }
+    }
+}
+
+/// Why a phase ended the request.
+pub(crate) enum Stop {
+    /// Refused: nothing was forwarded. The reasons go to the decision log.
+    Deny(ErrorReply, Vec<String>),
+    /// Allowed, but the upstream could not be reached or answered wrongly.
+    Fail(ErrorReply),
+}
+
+impl Stop {
+    fn deny(error: ErrorReply) -> Stop {
+        let reasons = reasons_of(&error);
+        Stop::Deny(error, reasons)
+    }
+}
+
+type Phase<T> = Result<T, Stop>;
+
+/// One request and what the phases learned about it.
+struct Ctx {
+    state: Arc<EgressState>,
+    target: Arc<Target>,
+    scheme: &'static str,
+    vetted: Option<Arc<Vetted>>,
+    started: Instant,
+    outcome: Outcome,
+    /// The canonical path and query; credentials may add their query parameter.
+    path: String,
+    ambiguous: Option<&'static str>,
+}
+
+impl Ctx {
+    /// Writes the decision record (once: later calls write nothing).
+    fn record(&mut self) {
+        let outcome = std::mem::replace(&mut self.outcome, Outcome::new("", "", "", None));
+        if !outcome.phase.is_empty() {
+            record(&self.state, &self.target, outcome, self.started);
+        }
+    }
+
+    fn stop(mut self, stop: Stop) -> Response<ProxyBody> {
+        let error = match stop {
+            Stop::Deny(error, reasons) => {
+                self.outcome.deny(&error, reasons);
+                error
+            }
+            Stop::Fail(error) => {
+                self.outcome.fail(&error);
+                error
+            }
+        };
+        self.record();
+        reply(&error)
     }
 }
 
@@ -227,255 +144,373 @@ pub(crate) async fn handle(
     target: Arc<Target>,
     scheme: &'static str,
     vetted: Option<Arc<Vetted>>,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
 ) -> Response<ProxyBody> {
-    let started = Instant::now();
-    let path = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "/".into());
+    let raw_path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let canonical = path::canonicalize(raw_path);
     let mut outcome = Outcome::new(
         "request",
         protocol_of(req.version(), scheme),
         req.method().as_str(),
-        Some(path.clone()),
+        Some(canonical.path_and_query.clone()),
     );
     outcome.ip = vetted.as_ref().map(|v| v.ips[0]);
     outcome.generation = state.policy.generation();
-
-    if let Err(error) = check_authority(&req, &target) {
-        outcome.deny(&error, vec![error.message.clone()]);
-        record(&state, &target, outcome, started);
-        return reply(&error);
+    let mut ctx = Ctx {
+        state,
+        target,
+        scheme,
+        vetted,
+        started: Instant::now(),
+        outcome,
+        path: canonical.path_and_query,
+        ambiguous: canonical.ambiguous,
+    };
+    match run(&mut ctx, req).await {
+        Ok(response) => response,
+        Err(stop) => ctx.stop(stop),
     }
-    if req.method().as_str().eq_ignore_ascii_case("TRACE")
-        || req.method().as_str().eq_ignore_ascii_case("TRACK")
-    {
-        let error = ErrorReply::new(
+}
+
+async fn run(ctx: &mut Ctx, mut req: Request<Incoming>) -> Phase<Response<ProxyBody>> {
+    admit(ctx, &req)?;
+    let destination = request_policy(ctx, &req)?;
+    let vetted = resolve(ctx).await?;
+    let h2 = websocket::is_h2_websocket(&req);
+    // The client side of an upgrade (h1 `Upgrade` or h2 extended CONNECT).
+    let upgrade = (h2 || websocket::is_upgrade(&req)).then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    // An h2 WebSocket is the HTTP/1.1 handshake it stands for from here on, so credentials
+    // see the method that is forwarded.
+    let ws_key = h2.then(|| websocket::to_h1_handshake(&mut parts));
+    let applied = credentials(ctx, &mut parts, destination)?;
+    let upstream = upstream_request(ctx, parts, body, &vetted, &upgrade, &applied).await?;
+    ctx.record();
+    response(ctx, upstream, applied, upgrade, ws_key)
+}
+
+/// Phase 1.
+fn admit(ctx: &Ctx, req: &Request<Incoming>) -> Phase<()> {
+    if ctx.target.identity.is_revoked() {
+        return Err(Stop::deny(sandbox_inactive(&ctx.target.identity.id)));
+    }
+    check_authority(req, &ctx.target).map_err(Stop::deny)?;
+    let method = req.method().as_str();
+    if method.eq_ignore_ascii_case("TRACE") || method.eq_ignore_ascii_case("TRACK") {
+        return Err(Stop::deny(ErrorReply::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
-            format!(
-                "{} is refused: it reflects request headers back",
-                req.method()
-            ),
-        );
-        outcome.deny(&error, vec![error.message.clone()]);
-        record(&state, &target, outcome, started);
-        return reply(&error);
+            format!("{method} is refused: it reflects request headers back"),
+        )));
     }
+    Ok(())
+}
 
-    let destination = match &vetted {
+/// Phase 2. Returns the destination part of the input, which credential decisions reuse.
+fn request_policy(ctx: &mut Ctx, req: &Request<Incoming>) -> Phase<regorus::Value> {
+    let destination = match &ctx.vetted {
         Some(v) => v.destination.clone(),
         None => destination_value(&Destination {
-            host: &target.host,
-            port: target.port,
+            host: &ctx.target.host,
+            port: ctx.target.port,
             ip: None,
-            scheme,
+            scheme: ctx.scheme,
         }),
     };
     let input = egress_input(
         "request",
-        target.sandbox.clone(),
+        ctx.target.sandbox.clone(),
         destination.clone(),
         Some(request_value(&RequestFacts {
-            method: req.method().as_str(),
-            path: &path,
+            method: websocket::forwarded_method(req),
+            path: &ctx.path,
             headers: req.headers(),
         })),
     );
-    let decision = state.policy.evaluate("egress", input);
-    outcome.generation = decision.generation;
+    let decision = ctx.state.policy.evaluate("egress", input);
+    ctx.outcome.generation = decision.generation;
     if !decision.allowed {
-        let error = egress_denied(&target, &decision.reasons);
-        outcome.deny(&error, decision.reasons);
-        record(&state, &target, outcome, started);
-        return reply(&error);
+        let error = egress_denied(&ctx.target, &decision.reasons);
+        return Err(Stop::Deny(error, decision.reasons));
     }
+    Ok(destination)
+}
 
-    if vetted.is_none() {
-        match state.resolver.resolve(&target.host, target.port).await {
-            Ok(resolved) => outcome.ip = Some(resolved[0]),
-            Err(e) => {
-                let error = resolve_error(&target, &e);
-                outcome.deny(&error, vec![e.to_string()]);
-                record(&state, &target, outcome, started);
-                return reply(&error);
-            }
+/// Phase 3.
+async fn resolve(ctx: &mut Ctx) -> Phase<Arc<Vetted>> {
+    if let Some(vetted) = &ctx.vetted {
+        return Ok(vetted.clone());
+    }
+    let target = &ctx.target;
+    let ips = match ctx.state.resolver.resolve(&target.host, target.port).await {
+        Ok(ips) => ips,
+        Err(e) => return Err(Stop::Deny(resolve_error(target, &e), vec![e.to_string()])),
+    };
+    let vetted = Arc::new(Vetted::new(&ctx.state, target, ctx.scheme, ips));
+    ctx.outcome.ip = Some(vetted.ips[0]);
+    Ok(vetted)
+}
+
+/// Phase 4.
+fn credentials(
+    ctx: &mut Ctx,
+    parts: &mut http::request::Parts,
+    destination: regorus::Value,
+) -> Phase<Applied> {
+    let state = &ctx.state;
+    let identity = &ctx.target.identity;
+    let view = RequestView {
+        host: &ctx.target.host,
+        port: ctx.target.port,
+        scheme: ctx.scheme,
+        method: parts.method.as_str(),
+        destination,
+        sandbox: ctx.target.sandbox.clone(),
+    };
+    if let Some(why) = ctx.ambiguous {
+        if credentialed_destination(&state.credentials, identity, &view) {
+            return Err(Stop::deny(ambiguous_path(&ctx.target, why)));
         }
     }
-
-    let h2_websocket = is_h2_websocket(&req);
-    let websocket = is_upgrade(&req) || h2_websocket;
-    let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
-    let (mut parts, body) = req.into_parts();
-    let mut path = path;
-    let view = RequestView {
-        host: &target.host,
-        port: target.port,
-        scheme,
-        method: parts.method.as_str(),
-        destination: destination.clone(),
-        sandbox: target.sandbox.clone(),
-    };
-    let applied = match apply_credentials(
+    let applied = apply(
         &state.credentials,
         &state.policy,
-        &target.identity,
+        identity,
         &view,
         &mut parts.headers,
-        &mut path,
-    ) {
-        Ok(applied) => applied,
-        Err(error) => {
-            outcome.deny(
-                &error,
-                error.details["reasons"]
-                    .as_array()
-                    .map(|r| {
-                        r.iter()
-                            .filter_map(|v| v.as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            );
-            record(&state, &target, outcome, started);
-            return reply(&error);
-        }
-    };
-    outcome.credentials = applied.names.clone();
-    parts.uri = match format!("{scheme}://{}{path}", target.authority).parse() {
-        Ok(uri) => uri,
-        Err(_) => {
-            let error = ErrorReply::new(
+        &mut ctx.path,
+    )
+    .map_err(Stop::deny)?;
+    ctx.outcome.credentials = applied.names.clone();
+    if identity.is_revoked() {
+        return Err(Stop::deny(sandbox_inactive(&identity.id)));
+    }
+    if applied.retired() {
+        return Err(Stop::deny(ErrorReply::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "credential_changed",
+            "a credential this request needs was deleted or replaced while it was being applied; retry",
+        )));
+    }
+    Ok(applied)
+}
+
+fn ambiguous_path(target: &Target, why: &str) -> ErrorReply {
+    let reason = format!(
+        "the path contains {why}, which origins read differently; a credential may be attached to requests for {}, so the path must be unambiguous",
+        target.authority
+    );
+    ErrorReply::new(
+        StatusCode::BAD_REQUEST,
+        "path_not_canonical",
+        reason.clone(),
+    )
+    .with_details(json!({"host": target.host, "port": target.port, "reasons": [reason]}))
+}
+
+/// Phase 5.
+async fn upstream_request(
+    ctx: &mut Ctx,
+    mut parts: http::request::Parts,
+    body: Incoming,
+    vetted: &Vetted,
+    upgrade: &Option<hyper::upgrade::OnUpgrade>,
+    applied: &Applied,
+) -> Phase<Response<Incoming>> {
+    let target = ctx.target.clone();
+    parts.uri = format!("{}://{}{}", ctx.scheme, target.authority, ctx.path)
+        .parse()
+        .map_err(|_| {
+            Stop::deny(ErrorReply::new(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
                 "malformed request target",
-            );
-            outcome.deny(&error, vec![error.message.clone()]);
-            record(&state, &target, outcome, started);
-            return reply(&error);
-        }
-    };
+            ))
+        })?;
+    let websocket = upgrade.is_some();
     strip_hop_by_hop(&mut parts.headers, websocket);
     // The client sets Host (h1) or :authority (h2) from the URI, which is the vetted target.
     parts.headers.remove(header::HOST);
     parts.version = Version::HTTP_11;
-    // An h2 WebSocket (RFC 8441) goes upstream as the HTTP/1.1 handshake it stands for;
-    // sandgate makes the key and checks the origin's answer to it.
-    let ws_key = h2_websocket.then(|| {
-        let key = websocket_key();
-        parts.method = Method::GET;
-        parts.extensions.remove::<hyper::ext::Protocol>();
-        let headers = &mut parts.headers;
-        headers.insert(
-            header::CONNECTION,
-            http::HeaderValue::from_static("upgrade"),
+    if applied.scrub_body {
+        // A compressed body could not be scrubbed.
+        parts.headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
         );
-        headers.insert(header::UPGRADE, http::HeaderValue::from_static("websocket"));
-        if let Ok(value) = http::HeaderValue::from_str(&key) {
-            headers.insert(header::SEC_WEBSOCKET_KEY, value);
-        }
-        headers
-            .entry(header::SEC_WEBSOCKET_VERSION)
-            .or_insert(http::HeaderValue::from_static("13"));
-        key
-    });
-    let upstream_req = Request::from_parts(parts, body.boxed());
-
-    let wait = Duration::from_secs(state.config.idle_timeout_secs);
+    }
+    let body = GuardedRequest::new(body, trailer_refusal(ctx, parts.method.as_str())).boxed();
     let client = if websocket {
-        &state.client_h1
+        &vetted.upstream.h1
     } else {
-        &state.client
+        &vetted.upstream.any
     };
-    let response = match tokio::time::timeout(wait, client.request(upstream_req)).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(e)) => {
-            let error = ErrorReply::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_failed",
-                format!("cannot reach {}: {}", target.authority, error_chain(&e)),
-            )
-            .with_details(json!({"host": target.host, "port": target.port}));
-            outcome.code = Some(error.code);
-            outcome.reasons = vec![error.message.clone()];
-            record(&state, &target, outcome, started);
-            return reply(&error);
-        }
-        Err(_) => {
-            let error = ErrorReply::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_timeout",
-                format!(
-                    "{} did not answer within {}s",
-                    target.authority,
-                    wait.as_secs()
-                ),
-            )
-            .with_details(json!({"host": target.host, "port": target.port}));
-            outcome.code = Some(error.code);
-            outcome.reasons = vec![error.message.clone()];
-            record(&state, &target, outcome, started);
-            return reply(&error);
-        }
-    };
-    record(&state, &target, outcome, started);
+    let wait = Duration::from_secs(ctx.state.config.idle_timeout_secs);
+    let response =
+        match tokio::time::timeout(wait, client.request(Request::from_parts(parts, body))).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => {
+                return Err(Stop::Fail(
+                    ErrorReply::new(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_failed",
+                        format!("cannot reach {}: {}", target.authority, error_chain(&e)),
+                    )
+                    .with_details(json!({"host": target.host, "port": target.port})),
+                ))
+            }
+            Err(_) => {
+                return Err(Stop::Fail(
+                    ErrorReply::new(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream_timeout",
+                        format!(
+                            "{} did not answer within {}s",
+                            target.authority,
+                            wait.as_secs()
+                        ),
+                    )
+                    .with_details(json!({"host": target.host, "port": target.port})),
+                ))
+            }
+        };
+    if let Some(info) = response.extensions().get::<HttpInfo>() {
+        ctx.outcome.ip = Some(info.remote_addr().ip());
+    }
+    Ok(response)
+}
 
-    let (mut parts, body) = response.into_parts();
-    if let (Some(key), true) = (&ws_key, parts.status == StatusCode::SWITCHING_PROTOCOLS) {
-        let accepted = parts
-            .headers
-            .get(header::SEC_WEBSOCKET_ACCEPT)
-            .is_some_and(|v| v.as_bytes() == websocket_accept(key).as_bytes());
-        if !accepted {
-            let error = ErrorReply::new(
+/// What a request whose trailers carry a placeholder leaves in the decision log.
+fn trailer_refusal(ctx: &Ctx, method: &str) -> super::body::OnRefusal {
+    let state = ctx.state.clone();
+    let target = ctx.target.clone();
+    let protocol = ctx.outcome.protocol;
+    let method = method.to_string();
+    let path = ctx.outcome.path.clone();
+    let started = ctx.started;
+    Box::new(move || {
+        let reason = "a request trailer carries a credential placeholder; the request was aborted before the trailer was forwarded";
+        let mut outcome = Outcome::new("trailers", protocol, &method, path);
+        outcome.generation = state.policy.generation();
+        outcome.decision = "deny";
+        outcome.code = Some("credential_destination_mismatch");
+        outcome.reasons = vec![reason.into()];
+        record(&state, &target, outcome, started);
+    })
+}
+
+/// Phase 6.
+fn response(
+    ctx: &Ctx,
+    mut upstream: Response<Incoming>,
+    applied: Applied,
+    upgrade: Option<hyper::upgrade::OnUpgrade>,
+    ws_key: Option<String>,
+) -> Phase<Response<ProxyBody>> {
+    let switching = upstream.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if let (Some(key), true) = (&ws_key, switching) {
+        if !websocket::accepted(upstream.headers(), key) {
+            return Err(Stop::Fail(ErrorReply::new(
                 StatusCode::BAD_GATEWAY,
                 "upstream_failed",
                 format!(
                     "{} answered the WebSocket handshake with a wrong Sec-WebSocket-Accept",
-                    target.authority
+                    ctx.target.authority
                 ),
-            );
-            return reply(&error);
+            )));
         }
     }
-    if parts.status == StatusCode::SWITCHING_PROTOCOLS {
-        if let Some(client_upgrade) = client_upgrade {
-            let mut upstream = Response::from_parts(parts.clone(), ());
-            let upstream_upgrade = hyper::upgrade::on(&mut upstream);
-            let max = Duration::from_secs(state.config.tunnel_max_secs);
-            tokio::spawn(async move {
-                let (Ok(client), Ok(server)) = (client_upgrade.await, upstream_upgrade.await)
-                else {
-                    tracing::debug!("upgrade did not complete on both sides");
-                    return;
-                };
-                let mut client = TokioIo::new(client);
-                let mut server = TokioIo::new(server);
-                let _ = tokio::time::timeout(
-                    max,
-                    tokio::io::copy_bidirectional(&mut client, &mut server),
-                )
-                .await;
-            });
-            if ws_key.is_some() {
-                // h2 accepts an extended CONNECT with 200; the handshake headers are h1's.
-                parts.status = StatusCode::OK;
-                for name in [
-                    header::CONNECTION,
-                    header::UPGRADE,
-                    header::SEC_WEBSOCKET_ACCEPT,
-                ] {
-                    parts.headers.remove(name);
-                }
+    if let (Some(client), true) = (upgrade, switching) {
+        let server = hyper::upgrade::on(&mut upstream);
+        let max = Duration::from_secs(ctx.state.config.tunnel_max_secs);
+        websocket::splice(client, server, max, ctx.target.identity.revocation());
+        let (mut parts, body) = upstream.into_parts();
+        if ws_key.is_some() {
+            // h2 accepts an extended CONNECT with 200; the handshake headers are h1's.
+            parts.status = StatusCode::OK;
+            for name in [
+                header::CONNECTION,
+                header::UPGRADE,
+                header::SEC_WEBSOCKET_ACCEPT,
+            ] {
+                parts.headers.remove(name);
             }
-            return Response::from_parts(parts, body.boxed());
         }
+        scrub_headers(&mut parts.headers, &applied.scrubbers);
+        return Ok(Response::from_parts(parts, boxed(body)));
     }
+    let (mut parts, body) = upstream.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    scrub_response_headers(&mut parts.headers, &applied.secrets);
-    Response::from_parts(parts, body.boxed())
+    if applied.scrubbers.is_empty() {
+        return Ok(Response::from_parts(parts, boxed(body)));
+    }
+    scrub_headers(&mut parts.headers, &applied.scrubbers);
+    let scrub_data = applied.scrub_body && is_text(&parts.headers);
+    if scrub_data {
+        if is_encoded(&parts.headers) {
+            return Err(Stop::Fail(unscrubbable(&ctx.target)));
+        }
+        // Replacements change the length.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    let body = ScrubbedResponse::new(body, applied.scrubbers, scrub_data);
+    Ok(Response::from_parts(parts, body.boxed()))
+}
+
+fn boxed(body: Incoming) -> ProxyBody {
+    body.map_err(|e| Box::new(e) as BoxError).boxed()
+}
+
+fn unscrubbable(target: &Target) -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::BAD_GATEWAY,
+        "response_unscrubbable",
+        format!(
+            "{} answered with a compressed text body although sandgate asked for none; a credential with scrub_response_body cannot let it through unscrubbed",
+            target.authority
+        ),
+    )
+    .with_details(json!({"host": target.host, "port": target.port}))
+}
+
+/// Text content types, whose bodies `scrub_response_body` applies to (no type: text).
+fn is_text(headers: &http::HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return true;
+    };
+    let mime = String::from_utf8_lossy(value.as_bytes())
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    mime.starts_with("text/")
+        || mime.ends_with("+json")
+        || mime.ends_with("+xml")
+        || matches!(
+            mime.as_str(),
+            "application/json"
+                | "application/xml"
+                | "application/javascript"
+                | "application/x-www-form-urlencoded"
+                | "application/x-ndjson"
+        )
+}
+
+fn is_encoded(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+}
+
+fn protocol_of(version: Version, scheme: &str) -> &'static str {
+    match (scheme, version) {
+        ("https", Version::HTTP_2) => "https/h2",
+        ("https", _) => "https/h1",
+        (_, Version::HTTP_2) => "http/h2",
+        _ => "http/h1",
+    }
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -490,140 +525,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
-}
-
-/// Host and `:authority` must name the CONNECT/URI destination: a request that names another
-/// host would reach it on a connection vetted for this one (domain fronting).
-fn check_authority(req: &Request<Incoming>, target: &Target) -> Result<(), ErrorReply> {
-    let mut seen = false;
-    if let Some(authority) = req.uri().authority() {
-        seen = true;
-        same_destination(authority.as_str(), target)?;
-    }
-    if let Some(host) = req.headers().get(header::HOST) {
-        seen = true;
-        let host = host
-            .to_str()
-            .map_err(|_| misdirected(target, "<non-ascii>"))?;
-        same_destination(host, target)?;
-    }
-    if !seen {
-        return Err(ErrorReply::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "the request names no host (Host header or :authority)",
-        ));
-    }
-    Ok(())
-}
-
-fn same_destination(authority: &str, target: &Target) -> Result<(), ErrorReply> {
-    let parsed: http::uri::Authority = authority
-        .parse()
-        .map_err(|_| misdirected(target, authority))?;
-    let host =
-        crate::domain::normalize_host(parsed.host().trim_start_matches('[').trim_end_matches(']'));
-    if host != target.host {
-        return Err(misdirected(target, authority));
-    }
-    if let Some(port) = parsed.port_u16() {
-        if port != target.port {
-            return Err(misdirected(target, authority));
-        }
-    }
-    Ok(())
-}
-
-fn misdirected(target: &Target, named: &str) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::MISDIRECTED_REQUEST,
-        "misdirected_request",
-        format!(
-            "request names {named:?} but the tunnel is to {}",
-            target.authority
-        ),
-    )
-    .with_details(json!({"host": target.host, "port": target.port, "named": named}))
-}
-
-/// An RFC 8441 extended CONNECT for a WebSocket.
-fn is_h2_websocket(req: &Request<Incoming>) -> bool {
-    req.version() == Version::HTTP_2
-        && req.method() == Method::CONNECT
-        && req
-            .extensions()
-            .get::<hyper::ext::Protocol>()
-            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
-}
-
-/// A fresh `Sec-WebSocket-Key`: 16 random bytes, base64.
-fn websocket_key() -> String {
-    use base64::Engine as _;
-    let mut bytes = [0u8; 16];
-    crate::tls::ca::rand_bytes(&mut bytes);
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-/// The `Sec-WebSocket-Accept` an origin must answer `key` with (RFC 6455 section 4.2.2).
-fn websocket_accept(key: &str) -> String {
-    use base64::Engine as _;
-    let mut input = key.as_bytes().to_vec();
-    input.extend_from_slice(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
-    let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, &input);
-    base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
-}
-
-fn is_upgrade(req: &Request<Incoming>) -> bool {
-    req.version() == Version::HTTP_11
-        && req.method() == Method::GET
-        && req.headers().contains_key(header::UPGRADE)
-        && req.headers().get_all(header::CONNECTION).iter().any(|v| {
-            v.to_str()
-                .is_ok_and(|s| s.to_ascii_lowercase().contains("upgrade"))
-        })
-}
-
-/// Removes headers that describe this hop only, plus those the Connection header names.
-/// `TE: trailers` survives (gRPC needs it); an upgrade keeps `Connection`/`Upgrade`.
-fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .filter(|name| !(keep_upgrade && name == header::UPGRADE))
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    let te_trailers = headers
-        .get(header::TE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        });
-    for name in [
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-        header::TE,
-        header::TRANSFER_ENCODING,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ] {
-        headers.remove(name);
-    }
-    if te_trailers {
-        headers.insert(header::TE, http::HeaderValue::from_static("trailers"));
-    }
-    if !keep_upgrade {
-        headers.remove(header::CONNECTION);
-        headers.remove(header::UPGRADE);
-    } else {
-        headers.insert(
-            header::CONNECTION,
-            http::HeaderValue::from_static("upgrade"),
-        );
-    }
 }

@@ -13,11 +13,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio_rustls::LazyConfigAcceptor;
 use tracing::Instrument;
 
-use super::forward::{self, Outcome, Target};
+use super::decision::{record, Outcome};
+use super::forward::{self, Vetted};
 use super::io::PrefixedIo;
-use super::EgressState;
+use super::state::{next_request_id, EgressState};
+use super::target::Target;
 use crate::error::ErrorReply;
 
+/// Runs a tunnel until it ends, reaches `tunnel_max_secs`, or its identity is revoked:
+/// revocation drops the tunnel's connection at once, whatever it is doing.
 pub(crate) async fn run(
     state: Arc<EgressState>,
     target: Arc<Target>,
@@ -25,21 +29,28 @@ pub(crate) async fn run(
     action: String,
     upgraded: Upgraded,
 ) {
-    metrics::gauge!("sandgate_proxy_tunnels_active").increment(1.0);
+    let _active = super::ActiveGauge::new("sandgate_proxy_tunnels_active");
     let max = Duration::from_secs(state.config.tunnel_max_secs);
+    let revoked = target.identity.revocation();
     let io = TokioIo::new(upgraded);
-    let result = tokio::time::timeout(max, async {
+    let work = tokio::time::timeout(max, async {
         if action == "tunnel" {
             opaque(&state, &target, &ips, io).await
         } else {
             inspect(state.clone(), target.clone(), ips, io).await
         }
-    })
-    .await;
-    if result.is_err() {
-        tracing::debug!(host = %target.host, "tunnel reached its maximum lifetime");
+    });
+    tokio::select! {
+        result = work => {
+            if result.is_err() {
+                tracing::debug!(host = %target.host, "tunnel reached its maximum lifetime");
+            }
+        }
+        () = revoked.cancelled() => {
+            metrics::counter!("sandgate_proxy_tunnels_revoked_total").increment(1);
+            tracing::debug!(host = %target.host, "tunnel ended: its identity was revoked");
+        }
     }
-    metrics::gauge!("sandgate_proxy_tunnels_active").decrement(1.0);
 }
 
 async fn opaque(state: &EgressState, target: &Target, ips: &[IpAddr], mut io: TokioIo<Upgraded>) {
@@ -89,7 +100,7 @@ async fn inspect(
         outcome.ip = Some(ips[0]);
         outcome.generation = state.policy.generation();
         outcome.deny(&error, vec![error.message.clone()]);
-        forward::record(&state, &target, outcome, started);
+        record(&state, &target, outcome, started);
     }
 }
 
@@ -126,7 +137,7 @@ async fn intercept_tls<T>(
             let mut outcome = Outcome::new("tls", "tls", "CONNECT", None);
             outcome.generation = state.policy.generation();
             outcome.deny(&error, vec![error.message.clone()]);
-            forward::record(&state, &target, outcome, started);
+            record(&state, &target, outcome, started);
             return;
         }
         // No SNI (IP-literal destinations): the CONNECT authority names the certificate.
@@ -182,13 +193,13 @@ async fn serve_http<T>(
         Some(false) => builder.http1_only(),
         None => builder,
     };
-    let vetted = Arc::new(forward::Vetted::new(&target, scheme, ips));
+    let vetted = Arc::new(Vetted::new(&state, &target, scheme, ips));
     let service = hyper::service::service_fn(move |req| {
         let state = state.clone();
         let target = target.clone();
         let vetted = vetted.clone();
         // Each request inside the tunnel gets its own id, nested under the tunnel's span.
-        let span = tracing::debug_span!("request", request_id = %super::next_request_id());
+        let span = tracing::debug_span!("request", request_id = %next_request_id());
         async move {
             Ok::<_, std::convert::Infallible>(
                 forward::handle(state, target, scheme, Some(vetted), req).await,

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::EgressState;
+use super::state::EgressState;
 
 /// How many workers `configured` means on this machine.
 pub fn count(configured: usize) -> usize {
@@ -77,7 +77,7 @@ pub fn start(
                         }
                     };
                     tokio::select! {
-                        () = super::serve(listener, state) => {}
+                        () = super::accept::serve(listener, state) => {}
                         _ = stopped.wait_for(|stop| *stop) => {}
                     }
                 });

@@ -5,4 +5,4 @@ pub mod guard;
 pub mod resolve;
 
 pub use guard::{AddressGuard, Forbidden};
-pub use resolve::{ResolveError, Resolver, VettedDns};
+pub use resolve::{ResolveError, Resolver};

@@ -1,19 +1,16 @@
 //! Resolution of upstream names, once per destination: `[dns] hosts` overrides first, then
 //! the system resolver. Every address of an answer is vetted by the [`AddressGuard`] and an
 //! answer with any forbidden address is refused whole (a name that mixes public and
-//! private answers is a rebinding attempt more often than not). Vetted answers are cached
-//! briefly, and the upstream connector dials from this cache only, so the address the
-//! policy saw is the address that is dialed: no second lookup can switch it.
+//! private answers is a rebinding attempt more often than not), each address checked with
+//! the port it will be dialed on. Vetted answers are cached briefly. The proxy resolves a
+//! destination once per tunnel (or absolute-form request) and hands the vetted addresses to
+//! the upstream connector (`egress::upstream`), which dials only those: the address the
+//! policy saw is the address that is dialed, and no second lookup can switch it.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-
-use hyper_util::client::legacy::connect::dns::Name;
 
 use super::guard::{AddressGuard, Forbidden};
 
@@ -99,34 +96,6 @@ impl Resolver {
         self.cache
             .insert(host.to_string(), (ips.clone(), Instant::now()));
         Ok(ips)
-    }
-}
-
-/// The upstream connector's resolver: answers from [`Resolver`], so the connector dials only
-/// vetted addresses. Port 0 is replaced by the connector with the URI's port, and the
-/// own-listener check already ran with the real port before the request got here.
-#[derive(Clone, Debug)]
-pub struct VettedDns(pub Arc<Resolver>);
-
-impl tower_service::Service<Name> for VettedDns {
-    type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = ResolveError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, name: Name) -> Self::Future {
-        let resolver = self.0.clone();
-        Box::pin(async move {
-            let ips = resolver.resolve(name.as_str(), 0).await?;
-            Ok(ips
-                .iter()
-                .map(|ip| SocketAddr::new(*ip, 0))
-                .collect::<Vec<_>>()
-                .into_iter())
-        })
     }
 }
 

@@ -1,0 +1,126 @@
+//! Accepting proxy clients: the connection limit, the per-connection HTTP/1.1 server, and
+//! the guarantees that hold whatever ends a connection task (gauges and permits are RAII, a
+//! panic while answering a request becomes a 500 and is counted, never an empty reply).
+
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt as _;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+
+use super::body::{reply, ProxyBody};
+use super::connect;
+use super::state::EgressState;
+use super::ActiveGauge;
+use crate::error::ErrorReply;
+
+/// Accepts proxy clients until the task is aborted; each request names its sandbox with
+/// `Proxy-Authorization`.
+pub async fn serve(listener: TcpListener, state: Arc<EgressState>) {
+    accept_loop(listener, state, None).await
+}
+
+/// Serves a listener that belongs to one sandbox (the local provider binds it inside the
+/// sandbox's network namespace, where it is the only reachable address). Every request on
+/// it is attributed to the identity registered as `identity_id`, whatever credentials it
+/// carries: identity comes from the listener, so a sandbox cannot speak for another by
+/// forging a header. The identity is looked up per request, so a sandbox not (yet or any
+/// longer) registered gets nothing through, and deleting it revokes its egress at once.
+pub async fn serve_for(listener: TcpListener, state: Arc<EgressState>, identity_id: Arc<str>) {
+    accept_loop(listener, state, Some(identity_id)).await
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<EgressState>, fixed: Option<Arc<str>>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "proxy accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(permit) = state.connections.clone().try_acquire_owned() else {
+            metrics::counter!("sandgate_proxy_connections_shed_total").increment(1);
+            tokio::spawn(shed(stream));
+            continue;
+        };
+        let state = state.clone();
+        let fixed = fixed.clone();
+        tokio::spawn(async move {
+            let _active = ActiveGauge::new("sandgate_proxy_connections_active");
+            let _permit = permit;
+            serve_client(stream, peer, state, fixed).await;
+        });
+    }
+}
+
+async fn shed(mut stream: tokio::net::TcpStream) {
+    let error = ErrorReply::new(
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        "sandgate is at its connection limit; retry shortly",
+    );
+    let body = serde_json::to_vec(&error.body()).unwrap_or_default();
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nx-sandgate-error: overloaded\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(&body).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+async fn serve_client(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    state: Arc<EgressState>,
+    fixed: Option<Arc<str>>,
+) {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(state.config.header_read_timeout_secs))
+        .max_buf_size(state.config.max_header_bytes.max(8192));
+    let service_state = state.clone();
+    let service = hyper::service::service_fn(move |req| {
+        let state = service_state.clone();
+        let fixed = fixed.clone();
+        let answer = connect::proxy_request(state, peer, fixed, req);
+        async move { Ok::<_, std::convert::Infallible>(unpanicked(answer).await) }
+    });
+    let conn = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        tracing::debug!(%peer, error = %e, "proxy client connection ended with an error");
+    }
+}
+
+/// Runs a request's handler; a panic in it (a bug, never the way an error is reported)
+/// answers 500 `internal` and is counted, and the connection lives on.
+pub(crate) async fn unpanicked(
+    answer: impl std::future::Future<Output = http::Response<ProxyBody>>,
+) -> http::Response<ProxyBody> {
+    match AssertUnwindSafe(answer).catch_unwind().await {
+        Ok(response) => response,
+        Err(_) => {
+            metrics::counter!("sandgate_proxy_panics_total").increment(1);
+            tracing::error!("a proxy request handler panicked; answered 500");
+            reply(&ErrorReply::new(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "sandgate failed while handling this request",
+            ))
+        }
+    }
+}

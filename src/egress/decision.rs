@@ -1,0 +1,243 @@
+//! What the proxy decided, as the decision log, the metrics and the sandbox see it: one
+//! [`Outcome`] per decision, recorded once, and the refusals the proxy answers with.
+
+use std::net::IpAddr;
+use std::time::Instant;
+
+use http::StatusCode;
+use serde_json::json;
+
+use super::state::EgressState;
+use super::target::Target;
+use crate::credentials::scan;
+use crate::decision_log::{now_rfc3339, redact_query, DecisionRecord};
+use crate::error::ErrorReply;
+use crate::net::ResolveError;
+
+/// What is written to the decision log for one decision.
+pub(crate) struct Outcome {
+    pub phase: &'static str,
+    pub protocol: &'static str,
+    pub method: String,
+    pub path: Option<String>,
+    /// The address dialed (or, before a dial, the vetted address that would be).
+    pub ip: Option<IpAddr>,
+    pub decision: &'static str,
+    pub code: Option<&'static str>,
+    pub reasons: Vec<String>,
+    pub action: Option<String>,
+    pub credentials: Vec<String>,
+    pub generation: u64,
+}
+
+impl Outcome {
+    pub fn new(
+        phase: &'static str,
+        protocol: &'static str,
+        method: &str,
+        path: Option<String>,
+    ) -> Outcome {
+        Outcome {
+            phase,
+            protocol,
+            method: method.to_string(),
+            path,
+            ip: None,
+            decision: "allow",
+            code: None,
+            reasons: Vec::new(),
+            action: None,
+            credentials: Vec::new(),
+            generation: 0,
+        }
+    }
+
+    /// A refusal: nothing was forwarded.
+    pub fn deny(&mut self, error: &ErrorReply, reasons: Vec<String>) {
+        self.decision = "deny";
+        self.code = Some(error.code);
+        self.reasons = reasons;
+    }
+
+    /// Allowed, but the upstream could not be reached.
+    pub fn fail(&mut self, error: &ErrorReply) {
+        self.code = Some(error.code);
+        self.reasons = vec![error.message.clone()];
+    }
+}
+
+/// Writes the decision's metrics, diagnostic event and decision-log record. Host and path
+/// lose any credential placeholder and the path its query values: a record is read by
+/// people who must not learn what a sandbox could exchange for a secret.
+pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, started: Instant) {
+    let latency = started.elapsed();
+    metrics::histogram!("sandgate_proxy_decision_seconds", "phase" => outcome.phase)
+        .record(latency.as_secs_f64());
+    metrics::counter!(
+        "sandgate_egress_decisions_total",
+        "phase" => outcome.phase,
+        "decision" => outcome.decision
+    )
+    .increment(1);
+    let host = scan::redact(&target.host);
+    // Inside the request's span, so diagnostics carry sandbox, workspace and request id.
+    tracing::debug!(
+        phase = outcome.phase,
+        host = %host,
+        port = target.port,
+        decision = outcome.decision,
+        code = outcome.code.unwrap_or(""),
+        "egress decision"
+    );
+    if !state.log.enabled() {
+        return;
+    }
+    state.log.record(DecisionRecord {
+        ts: now_rfc3339(),
+        kind: "egress",
+        sandbox: Some(target.identity.id.clone()),
+        workspace: Some(target.identity.workspace.clone()),
+        phase: outcome.phase,
+        protocol: outcome.protocol,
+        host: host.into_owned(),
+        port: target.port,
+        ip: outcome.ip.map(|ip| ip.to_string()),
+        method: Some(loggable(outcome.method)),
+        path: outcome.path.map(|p| loggable(redact_query(&p))),
+        decision: outcome.decision,
+        code: outcome.code,
+        reasons: outcome.reasons.into_iter().map(loggable).collect(),
+        action: outcome.action,
+        credentials: outcome.credentials,
+        policy_generation: outcome.generation,
+        latency_us: latency.as_micros() as u64,
+    });
+}
+
+/// `text` without credential placeholders (allocating only when it has one).
+fn loggable(text: String) -> String {
+    match scan::redact(&text) {
+        std::borrow::Cow::Borrowed(_) => text,
+        std::borrow::Cow::Owned(clean) => clean,
+    }
+}
+
+pub(crate) fn record_unidentified(
+    state: &EgressState,
+    host: &str,
+    port: u16,
+    method: &str,
+    started: Instant,
+) {
+    metrics::counter!(
+        "sandgate_egress_decisions_total",
+        "phase" => "identify",
+        "decision" => "deny"
+    )
+    .increment(1);
+    if !state.log.enabled() {
+        return;
+    }
+    state.log.record(DecisionRecord {
+        ts: now_rfc3339(),
+        kind: "egress",
+        sandbox: None,
+        workspace: None,
+        phase: "identify",
+        protocol: "proxy",
+        host: scan::redact(host).into_owned(),
+        port,
+        ip: None,
+        method: Some(scan::redact(method).into_owned()),
+        path: None,
+        decision: "deny",
+        code: Some("proxy_auth_required"),
+        reasons: vec!["missing or invalid proxy credentials".into()],
+        action: None,
+        credentials: Vec::new(),
+        policy_generation: state.policy.generation(),
+        latency_us: started.elapsed().as_micros() as u64,
+    });
+}
+
+pub(crate) fn egress_denied(target: &Target, reasons: &[String]) -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::FORBIDDEN,
+        "egress_denied",
+        format!(
+            "egress to {}:{} is denied by policy: {}",
+            target.host,
+            target.port,
+            reasons.join("; ")
+        ),
+    )
+    .with_details(json!({"host": target.host, "port": target.port, "reasons": reasons}))
+}
+
+pub(crate) fn resolve_error(target: &Target, e: &ResolveError) -> ErrorReply {
+    match e {
+        ResolveError::Forbidden { ip, why, .. } => ErrorReply::new(
+            StatusCode::FORBIDDEN,
+            "destination_forbidden",
+            format!(
+                "{} resolves to {ip}, a {} address that sandboxes may not reach",
+                target.host,
+                why.as_str()
+            ),
+        )
+        .with_details(json!({
+            "host": target.host, "port": target.port, "ip": ip.to_string(),
+            "reasons": [format!("{} address", why.as_str())],
+        })),
+        ResolveError::Lookup { reason, .. } => ErrorReply::new(
+            StatusCode::BAD_GATEWAY,
+            "dns_failed",
+            format!("cannot resolve {}: {reason}", target.host),
+        )
+        .with_details(json!({"host": target.host, "port": target.port})),
+    }
+}
+
+pub(crate) fn misdirected(target: &Target, named: &str) -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::MISDIRECTED_REQUEST,
+        "misdirected_request",
+        format!(
+            "request names {named:?} but the tunnel is to {}",
+            target.authority
+        ),
+    )
+    .with_details(json!({"host": target.host, "port": target.port, "named": named}))
+}
+
+pub(crate) fn sandbox_inactive(id: &str) -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::FORBIDDEN,
+        "sandbox_inactive",
+        format!("sandbox {id} has no active egress identity (deleted, or not running yet)"),
+    )
+}
+
+/// A destination name that carries a placeholder: refused before it is resolved, since the
+/// lookup itself would carry the placeholder out (DNS is an exfiltration channel).
+pub(crate) fn placeholder_in_destination(port: u16) -> ErrorReply {
+    let reason = "the destination host carries a credential placeholder";
+    ErrorReply::new(
+        StatusCode::FORBIDDEN,
+        "credential_destination_mismatch",
+        format!("{reason}; it was not resolved or forwarded"),
+    )
+    .with_details(json!({"port": port, "reasons": [reason]}))
+}
+
+/// The reasons an [`ErrorReply`] carries in `details.reasons`, else its message.
+pub(crate) fn reasons_of(error: &ErrorReply) -> Vec<String> {
+    error.details["reasons"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_else(|| vec![error.message.clone()])
+}

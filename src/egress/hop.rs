@@ -1,0 +1,91 @@
+//! Headers that describe one hop only, and the request's own naming of its destination.
+
+use http::{header, HeaderMap, HeaderName, HeaderValue, Request};
+
+use super::decision::misdirected;
+use super::target::Target;
+use crate::error::ErrorReply;
+
+/// Removes headers that describe this hop only, plus those the Connection header names.
+/// `TE: trailers` survives (gRPC needs it); an upgrade keeps `Connection`/`Upgrade`.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .filter(|name| !(keep_upgrade && name == header::UPGRADE))
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    let te_trailers = headers
+        .get(header::TE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
+    for name in [
+        header::PROXY_AUTHORIZATION,
+        header::PROXY_AUTHENTICATE,
+        header::TE,
+        header::TRANSFER_ENCODING,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ] {
+        headers.remove(name);
+    }
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if !keep_upgrade {
+        headers.remove(header::CONNECTION);
+        headers.remove(header::UPGRADE);
+    } else {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+/// Host and `:authority` must name the CONNECT/URI destination: a request that names another
+/// host would reach it on a connection vetted for this one (domain fronting).
+pub(crate) fn check_authority<B>(req: &Request<B>, target: &Target) -> Result<(), ErrorReply> {
+    let mut seen = false;
+    if let Some(authority) = req.uri().authority() {
+        seen = true;
+        same_destination(authority.as_str(), target)?;
+    }
+    if let Some(host) = req.headers().get(header::HOST) {
+        seen = true;
+        let host = host
+            .to_str()
+            .map_err(|_| misdirected(target, "<non-ascii>"))?;
+        same_destination(host, target)?;
+    }
+    if !seen {
+        return Err(ErrorReply::new(
+            http::StatusCode::BAD_REQUEST,
+            "bad_request",
+            "the request names no host (Host header or :authority)",
+        ));
+    }
+    Ok(())
+}
+
+fn same_destination(authority: &str, target: &Target) -> Result<(), ErrorReply> {
+    let parsed: http::uri::Authority = authority
+        .parse()
+        .map_err(|_| misdirected(target, authority))?;
+    let host =
+        crate::domain::normalize_host(parsed.host().trim_start_matches('[').trim_end_matches(']'));
+    if host != target.host {
+        return Err(misdirected(target, authority));
+    }
+    if let Some(port) = parsed.port_u16() {
+        if port != target.port {
+            return Err(misdirected(target, authority));
+        }
+    }
+    Ok(())
+}
