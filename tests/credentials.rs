@@ -155,21 +155,46 @@ async fn placeholders_resolve_only_for_their_destination_and_sandbox() {
     );
     assert!(!env.to_string().contains(TOKEN), "nor the proxy token");
 
-    // In a custom header and in the query string, for the bound destination: replaced.
+    // In its declared slot (credential x goes into `authorization`), for the bound
+    // destination: the slot gets the real credential.
     let response =
         s.gw.client("sb-a", false)
-            .get(format!(
-                "https://api.a.test:{}/q?token={placeholder}&x=1",
-                s.origin.port()
-            ))
-            .header("x-custom", format!("key={placeholder}"))
+            .get(format!("https://api.a.test:{}/q?x=1", s.origin.port()))
+            .header("authorization", format!("Bearer {placeholder}"))
             .send()
             .await
             .unwrap();
     assert_eq!(response.status(), 200);
     let seen = s.origin.last().unwrap();
-    assert_eq!(seen.headers["x-custom"], format!("key={SECRET_X}"));
-    assert_eq!(seen.path, format!("/q?token={SECRET_X}&x=1"));
+    assert_eq!(seen.headers["authorization"], format!("Bearer {SECRET_X}"));
+    assert_eq!(seen.path, "/q?x=1");
+
+    // Anywhere else, even for the bound destination (a header or a query value an API may
+    // echo back), it is refused and nothing is forwarded.
+    let before = s.origin.count();
+    for (path, header) in [
+        (format!("/q?token={placeholder}"), None),
+        ("/q".to_string(), Some(format!("key={placeholder}"))),
+    ] {
+        let mut request =
+            s.gw.client("sb-a", false)
+                .get(format!("https://api.a.test:{}{path}", s.origin.port()));
+        if let Some(value) = header {
+            request = request.header("x-custom", value);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 403);
+        assert_eq!(
+            response.headers()["x-sandgate-error"],
+            "credential_destination_mismatch"
+        );
+        assert!(!response.text().await.unwrap().contains(SECRET_X));
+    }
+    assert_eq!(
+        s.origin.count(),
+        before,
+        "nothing out of slot was forwarded"
+    );
 
     // The same placeholder towards another destination is refused and never forwarded.
     let before = s.origin.count();

@@ -209,7 +209,7 @@ name = "x"
 secret_file = {x:?}
 placeholder_env = "X_TOKEN"
 destinations = [{{ host = "api.a.test", ports = [{port}] }}]
-apply = {{ type = "header", name = "authorization", template = "Bearer {{secret}}" }}
+apply = {{ type = "query", param = "access_token" }}
 "#,
         x = secrets.path().join("x").display().to_string(),
         port = origin.port(),
@@ -248,7 +248,7 @@ apply = {{ type = "header", name = "authorization", template = "Bearer {{secret}
     assert_eq!(response.status(), 200);
     assert_eq!(
         origin.last().unwrap().path,
-        format!("/repos?access_token={SECRET_X}&page=2"),
+        format!("/repos?page=2&access_token={SECRET_X}"),
         "the placeholder was exchanged upstream"
     );
     let records = gw.policy_decisions("credential", 1).await;
