@@ -293,4 +293,16 @@ mod tests {
         assert!(second.revocation().is_cancelled());
         assert!(!r.revoke("sb1"));
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_proxy_authorization_bytes_are_handled(header in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..96)) {
+            let r = IdentityRegistry::default();
+            r.register(Identity::new("sb1", "tok", "ws", vec![], BTreeMap::new()));
+            let _ = r.authenticate(Some(&header));
+            let mut basic = b"Basic ".to_vec();
+            basic.extend_from_slice(&header);
+            let _ = r.authenticate(Some(&basic));
+        }
+    }
 }

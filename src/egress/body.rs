@@ -30,6 +30,20 @@ pub(crate) fn reply(error: &ErrorReply) -> http::Response<ProxyBody> {
         .map(|b| b.map_err(|never| match never {}).boxed())
 }
 
+/// The next frame of a wrapped body, its error boxed.
+fn poll_inner<B>(
+    inner: &mut B,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    Pin::new(inner)
+        .poll_frame(cx)
+        .map(|frame| frame.map(|r| r.map_err(Into::into)))
+}
+
 /// Called once when a request's trailers carry a placeholder (to record the refusal).
 pub(crate) type OnRefusal = Box<dyn FnOnce() + Send + Sync>;
 
@@ -137,9 +151,9 @@ where
             if this.ended {
                 return Poll::Ready(this.pending_trailers.take().map(|t| Ok(Frame::trailers(t))));
             }
-            let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            let frame = match ready!(poll_inner(&mut this.inner, cx)) {
                 Some(Ok(frame)) => frame,
-                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                 None => {
                     this.ended = true;
                     if let Some(rest) = this.flush() {
