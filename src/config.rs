@@ -170,12 +170,17 @@ impl Default for CreateConfig {
 pub struct StoreConfig {
     /// SQLite database file (created with its directory on first start).
     pub path: PathBuf,
+    /// SQLite `synchronous`: `full` (the default) makes every committed write durable
+    /// before it is acknowledged, so a power loss cannot drop the attempt rows that keep a
+    /// create idempotent; `normal` may lose the last commits on power loss (not on a crash).
+    pub synchronous: crate::store::Durability,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             path: PathBuf::from("data/sandgate.db"),
+            synchronous: crate::store::Durability::Full,
         }
     }
 }
@@ -200,8 +205,12 @@ impl Default for SecretsConfig {
 pub struct ProxyConfig {
     /// Address the egress proxy listens on.
     pub listen: SocketAddr,
-    /// Concurrent client connections; beyond this new connections are shed with 503.
+    /// Concurrent client connections, each counted for as long as anything it started lives
+    /// (a CONNECT tunnel included); beyond this new connections are shed with 503.
     pub max_connections: usize,
+    /// Open CONNECT tunnels one sandbox identity may hold at once; its next CONNECT is
+    /// refused with 429 `too_many_tunnels`, so one sandbox cannot take every connection.
+    pub max_tunnels_per_identity: usize,
     /// Largest request head (request line plus headers) accepted from a sandbox, in bytes.
     pub max_header_bytes: usize,
     /// Seconds a client may take to send a complete request head.
@@ -223,6 +232,7 @@ impl Default for ProxyConfig {
         ProxyConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 3128)),
             max_connections: 4096,
+            max_tunnels_per_identity: 256,
             max_header_bytes: 64 * 1024,
             header_read_timeout_secs: 10,
             idle_timeout_secs: 300,
@@ -244,6 +254,16 @@ pub struct ApiConfig {
     /// `default`) into `api-token` next to the database (mode 0600), so the CLI on this
     /// machine works on the embedded defaults. `false`: no tokens, every `/v1` call is 401.
     pub generate_local_token: bool,
+    /// Concurrent API connections; beyond this new ones get 503 `overloaded` and are closed.
+    pub max_connections: usize,
+    /// Concurrent API connections from one peer address (the same answer beyond it), so one
+    /// client flooding the port leaves the others (and `/healthz` probes) served.
+    pub max_connections_per_ip: usize,
+    /// Seconds a client may take to send a request head, counted from when the connection
+    /// is ready for one (so also the longest an idle keep-alive connection waits).
+    pub header_read_timeout_secs: u64,
+    /// Seconds a connection with no request in flight and no traffic stays open.
+    pub idle_timeout_secs: u64,
 }
 
 impl Default for ApiConfig {
@@ -252,6 +272,10 @@ impl Default for ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             tokens: Vec::new(),
             generate_local_token: true,
+            max_connections: 1024,
+            max_connections_per_ip: 128,
+            header_read_timeout_secs: 10,
+            idle_timeout_secs: 60,
         }
     }
 }
@@ -441,6 +465,26 @@ impl Config {
                 "proxy.max_connections",
                 "must be at least 1",
             ));
+        }
+        for (key, value) in [
+            (
+                "proxy.max_tunnels_per_identity",
+                self.proxy.max_tunnels_per_identity,
+            ),
+            ("api.max_connections", self.api.max_connections),
+            (
+                "api.max_connections_per_ip",
+                self.api.max_connections_per_ip,
+            ),
+            (
+                "api.header_read_timeout_secs",
+                self.api.header_read_timeout_secs as usize,
+            ),
+            ("api.idle_timeout_secs", self.api.idle_timeout_secs as usize),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
         }
         if self.proxy.workers > 1024 {
             return Err(ConfigError::invalid(

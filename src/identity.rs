@@ -7,6 +7,7 @@
 //! the same comparison as a known one so response timing does not reveal which ids exist.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use base64::Engine as _;
@@ -30,6 +31,18 @@ pub struct Identity {
     /// Cancelled when the identity is revoked or replaced: every tunnel and upgraded stream
     /// opened under it waits on this and ends at once, and every request checks it.
     revoked: CancellationToken,
+    /// CONNECT tunnels open under this identity (see [`Identity::open_tunnel`]).
+    tunnels: AtomicUsize,
+}
+
+/// One open tunnel of an identity, counted until dropped.
+#[derive(Debug)]
+pub struct TunnelSlot(Arc<Identity>);
+
+impl Drop for TunnelSlot {
+    fn drop(&mut self) {
+        self.0.tunnels.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// One bound credential and the placeholder this sandbox sees for it.
@@ -59,7 +72,24 @@ impl Identity {
                 .collect(),
             token: token.into(),
             revoked: CancellationToken::new(),
+            tunnels: AtomicUsize::new(0),
         }
+    }
+
+    /// Counts one more open tunnel, unless `max` are open already. The tunnel is counted
+    /// until the returned slot is dropped.
+    pub fn open_tunnel(self: &Arc<Self>, max: usize) -> Option<TunnelSlot> {
+        self.tunnels
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(TunnelSlot(self.clone()))
+    }
+
+    /// Tunnels open under this identity now.
+    pub fn open_tunnels(&self) -> usize {
+        self.tunnels.load(Ordering::Acquire)
     }
 
     /// Whether the identity was revoked (or replaced). Checked by every request, after its
@@ -304,5 +334,16 @@ mod tests {
             basic.extend_from_slice(&header);
             let _ = r.authenticate(Some(&basic));
         }
+    }
+
+    #[test]
+    fn tunnels_are_counted_per_identity_up_to_the_cap() {
+        let identity = Arc::new(Identity::new("sb1", "t", "ws", vec![], BTreeMap::new()));
+        let a = identity.open_tunnel(2).unwrap();
+        let _b = identity.open_tunnel(2).unwrap();
+        assert!(identity.open_tunnel(2).is_none());
+        assert_eq!(identity.open_tunnels(), 2);
+        drop(a);
+        assert!(identity.open_tunnel(2).is_some());
     }
 }

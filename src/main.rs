@@ -260,6 +260,15 @@ fn policy_command(command: PolicyCommand, default_dir: &std::path::Path) -> anyh
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    let (limit, needed) = sandgate::server::descriptor_budget(&config);
+    if limit < needed {
+        tracing::warn!(
+            limit,
+            needed,
+            "the descriptor limit (ulimit -n) is below what [proxy] max_connections and [api] max_connections can use; \
+             raise it or lower them, or a flood can exhaust descriptors before those limits shed it"
+        );
+    }
     let server = Server::start(config)
         .await
         .context("sandgate could not start")?;

@@ -491,3 +491,107 @@ async fn secrets_survive_restart_sealed() {
     );
     s.gw.server.shutdown();
 }
+
+/// Two creates of one name race: exactly one answers 201, the other 409 `already_exists`,
+/// and the secret in force is the winner's (it was not silently replaced by the loser's).
+#[tokio::test]
+async fn concurrent_creates_of_one_name_have_exactly_one_winner() {
+    let s = setup(vec![]).await;
+    let base = s.gw.api("/v1/workspaces/ws-a/credentials");
+    let port = s.origin.port();
+    for round in 0..10 {
+        let name = format!("race-{round}");
+        let create = |secret: String| {
+            let base = base.clone();
+            let name = name.clone();
+            async move {
+                let response = reqwest::Client::new()
+                    .post(&base)
+                    .bearer_auth(ADMIN_A)
+                    .json(&serde_json::json!({"name": name, "secret": secret,
+                        "destinations": [{"host": "api.a.test", "ports": [port]}],
+                        "apply": {"type": "header", "name": "x-race", "template": "{secret}"}}))
+                    .send()
+                    .await
+                    .unwrap();
+                (response.status().as_u16(), secret)
+            }
+        };
+        let (a, b) = tokio::join!(
+            create(format!("secret-a-{round}")),
+            create(format!("secret-b-{round}"))
+        );
+        let mut statuses = [a.0, b.0];
+        statuses.sort();
+        assert_eq!(statuses, [201, 409], "round {round}");
+        let winner = if a.0 == 201 { a.1 } else { b.1 };
+        let store = sandgate::store::Store::open_sqlite(&s.gw.dir.path().join("data/sandgate.db"))
+            .await
+            .unwrap();
+        let key = std::sync::Arc::new(
+            sandgate::credentials::MasterKey::load(&s.gw.dir.path().join("data/master.key"))
+                .unwrap(),
+        );
+        let stored = sandgate::credentials::CredentialStore::load(key, store, &[])
+            .await
+            .unwrap();
+        assert_eq!(stored.get("ws-a", &name).unwrap().secret.expose(), winner);
+    }
+    s.gw.server.shutdown();
+}
+
+/// A credential another writer (another replica, sharing the database) created after this
+/// gateway loaded is not overwritten by a create here: the create answers 409.
+#[tokio::test]
+async fn a_create_never_replaces_a_row_it_did_not_see() {
+    let s = setup(vec![]).await;
+    let db = s.gw.dir.path().join("data/sandgate.db");
+    let key = std::sync::Arc::new(
+        sandgate::credentials::MasterKey::load(&s.gw.dir.path().join("data/master.key")).unwrap(),
+    );
+    let other = sandgate::credentials::CredentialStore::load(
+        key.clone(),
+        sandgate::store::Store::open_sqlite(&db).await.unwrap(),
+        &[],
+    )
+    .await
+    .unwrap();
+    let port = s.origin.port();
+    let meta: sandgate::credentials::CredentialMeta = serde_json::from_value(serde_json::json!({
+        "workspace": "ws-a", "name": "elsewhere",
+        "destinations": [{"host": "api.a.test", "ports": [port]}],
+        "apply": {"type": "header", "name": "x-other", "template": "{secret}"}}))
+    .unwrap();
+    other
+        .put(
+            meta,
+            Some(sandgate::credentials::Secret::new("first-writer")),
+            false,
+        )
+        .await
+        .unwrap();
+    let response = reqwest::Client::new()
+        .post(s.gw.api("/v1/workspaces/ws-a/credentials"))
+        .bearer_auth(ADMIN_A)
+        .json(
+            &serde_json::json!({"name": "elsewhere", "secret": "second-writer",
+            "destinations": [{"host": "api.a.test", "ports": [port]}],
+            "apply": {"type": "header", "name": "x-other", "template": "{secret}"}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 409);
+    let reread = sandgate::credentials::CredentialStore::load(
+        key,
+        sandgate::store::Store::open_sqlite(&db).await.unwrap(),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        reread.get("ws-a", "elsewhere").unwrap().secret.expose(),
+        "first-writer"
+    );
+    s.gw.server.shutdown();
+}

@@ -114,7 +114,10 @@ impl CredentialMeta {
     pub fn validate(&self) -> Result<(), (String, String)> {
         let bad = |field: &str, message: String| Err((field.to_string(), message));
         if !valid_name(&self.name) {
-            return bad("name", "use 1-64 of a-z, 0-9, '-', '_', '.'".into());
+            return bad(
+                "name",
+                "use 1-64 of a-z, 0-9, '-', '_', '.', starting with a letter or digit".into(),
+            );
         }
         if self.workspace.is_empty() {
             return bad("workspace", "must not be empty".into());
@@ -176,9 +179,14 @@ impl CredentialMeta {
     }
 }
 
+/// 1-64 of `a-z`, `0-9`, `-`, `_`, `.`, starting with a letter or digit: a name is used in
+/// URL paths and file-like places, so `.`, `..` and `.hidden` must not be names.
 fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
+    name.len() <= 64
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'))
@@ -297,6 +305,9 @@ pub struct CredentialStore {
     key: Arc<MasterKey>,
     store: Store,
     by_name: RwLock<HashMap<(String, String), Arc<Credential>>>,
+    /// Serialises writes (database row and cache entry together), so the cache can never
+    /// end up holding what the database does not: writes are rare, reads never wait on it.
+    writes: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for CredentialStore {
@@ -317,6 +328,7 @@ impl CredentialStore {
             key,
             store,
             by_name: RwLock::new(HashMap::new()),
+            writes: tokio::sync::Mutex::new(()),
         };
         for row in credentials.store.list_credentials().await? {
             let meta: CredentialMeta =
@@ -357,12 +369,15 @@ impl CredentialStore {
             scrubber,
             retired: AtomicBool::new(false),
         });
-        let replaced = self
-            .by_name
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, credential);
-        if let Some(old) = replaced {
+        let mut map = self.by_name.write().unwrap_or_else(|e| e.into_inner());
+        if map
+            .get(&key)
+            .is_some_and(|current| current.version > version)
+        {
+            // A newer version is cached already: an entry never goes backwards.
+            return;
+        }
+        if let Some(old) = map.insert(key, credential) {
             old.retire();
         }
     }
@@ -398,6 +413,7 @@ impl CredentialStore {
     ) -> Result<CredentialMeta, CredentialError> {
         meta.validate()
             .map_err(|(field, message)| CredentialError::Invalid { field, message })?;
+        let _write = self.writes.lock().await;
         let existing = self.get(&meta.workspace, &meta.name);
         if existing.is_some() && !upsert {
             return Err(CredentialError::Exists {
@@ -423,15 +439,28 @@ impl CredentialStore {
         }
         let sealed = self.key.seal(&secret, &meta.seal_context())?;
         let meta_json = serde_json::to_string(&meta).expect("credential metadata serializes");
-        let version = self
-            .store
-            .upsert_credential(&meta.workspace, &meta.name, &meta_json, &sealed)
-            .await?;
+        let version = if upsert {
+            self.store
+                .upsert_credential(&meta.workspace, &meta.name, &meta_json, &sealed)
+                .await?
+        } else {
+            // An INSERT, not an upsert: if another writer (another replica) created the name
+            // meanwhile, this create loses with 409 instead of replacing its secret.
+            let inserted = self
+                .store
+                .insert_credential(&meta.workspace, &meta.name, &meta_json, &sealed)
+                .await?;
+            inserted.ok_or_else(|| CredentialError::Exists {
+                workspace: meta.workspace.clone(),
+                name: meta.name.clone(),
+            })?
+        };
         self.insert_cached(meta.clone(), secret, version);
         Ok(meta)
     }
 
     pub async fn delete(&self, workspace: &str, name: &str) -> Result<(), CredentialError> {
+        let _write = self.writes.lock().await;
         let removed = self.store.delete_credential(workspace, name).await?;
         let cached = self
             .by_name

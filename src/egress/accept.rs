@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
 use super::body::{reply, ProxyBody};
 use super::connect;
+use super::limits::{ConnectionSlot, Hold};
 use super::state::EgressState;
-use super::ActiveGauge;
 use crate::error::ErrorReply;
 
 /// Accepts proxy clients until the task is aborted; each request names its sandbox with
@@ -48,36 +47,17 @@ async fn accept_loop(listener: TcpListener, state: Arc<EgressState>, fixed: Opti
         let _ = stream.set_nodelay(true);
         let Ok(permit) = state.connections.clone().try_acquire_owned() else {
             metrics::counter!("sandgate_proxy_connections_shed_total").increment(1);
-            tokio::spawn(shed(stream));
+            tokio::spawn(crate::net::shed::overloaded(
+                stream,
+                "sandgate is at its connection limit",
+            ));
             continue;
         };
+        let hold = Hold::connection(ConnectionSlot::new(permit));
         let state = state.clone();
         let fixed = fixed.clone();
-        tokio::spawn(async move {
-            let _active = ActiveGauge::new("sandgate_proxy_connections_active");
-            let _permit = permit;
-            serve_client(stream, peer, state, fixed).await;
-        });
+        tokio::spawn(serve_client(stream, peer, state, fixed, hold));
     }
-}
-
-async fn shed(mut stream: tokio::net::TcpStream) {
-    let error = ErrorReply::new(
-        http::StatusCode::SERVICE_UNAVAILABLE,
-        "overloaded",
-        "sandgate is at its connection limit; retry shortly",
-    );
-    let body = serde_json::to_vec(&error.body()).unwrap_or_default();
-    let head = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nx-sandgate-error: overloaded\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(&body).await?;
-        stream.shutdown().await
-    })
-    .await;
 }
 
 async fn serve_client(
@@ -85,6 +65,7 @@ async fn serve_client(
     peer: SocketAddr,
     state: Arc<EgressState>,
     fixed: Option<Arc<str>>,
+    hold: Hold,
 ) {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -95,7 +76,7 @@ async fn serve_client(
     let service = hyper::service::service_fn(move |req| {
         let state = service_state.clone();
         let fixed = fixed.clone();
-        let answer = connect::proxy_request(state, peer, fixed, req);
+        let answer = connect::proxy_request(state, peer, fixed, hold.clone(), req);
         async move { Ok::<_, std::convert::Infallible>(unpanicked(answer).await) }
     });
     let conn = builder

@@ -19,6 +19,7 @@ use super::decision::{
     egress_denied, placeholder_in_destination, record, record_unidentified, resolve_error,
     sandbox_inactive, Outcome,
 };
+use super::limits::Hold;
 use super::state::{next_request_id, EgressState};
 use super::target::{split_authority, Target};
 use super::{forward, tunnel};
@@ -31,6 +32,7 @@ pub(crate) async fn proxy_request(
     state: Arc<EgressState>,
     peer: SocketAddr,
     fixed: Option<Arc<str>>,
+    hold: Hold,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
@@ -57,7 +59,7 @@ pub(crate) async fn proxy_request(
         workspace = %identity.workspace,
         request_id = %next_request_id(),
     );
-    dispatch(state, identity, req, started)
+    dispatch(state, identity, hold, req, started)
         .instrument(span)
         .await
 }
@@ -95,6 +97,7 @@ fn bad_request(message: &'static str) -> Response<ProxyBody> {
 async fn dispatch(
     state: Arc<EgressState>,
     identity: Arc<Identity>,
+    hold: Hold,
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
@@ -103,7 +106,7 @@ async fn dispatch(
             return bad_request("CONNECT needs a host:port target");
         };
         let target = Arc::new(Target::new(identity, host, port));
-        return connect(state, target, req, started).await;
+        return connect(state, target, hold, req, started).await;
     }
     let default_port = match req
         .uri()
@@ -132,7 +135,7 @@ async fn dispatch(
     }
     let target = Arc::new(Target::new(identity, host, port));
     let scheme = if default_port == 443 { "https" } else { "http" };
-    forward::handle(state, target, scheme, None, req).await
+    forward::handle(state, target, scheme, None, hold, req).await
 }
 
 fn refuse_placeholder_host(
@@ -152,6 +155,7 @@ fn refuse_placeholder_host(
 async fn connect(
     state: Arc<EgressState>,
     target: Arc<Target>,
+    hold: Hold,
     mut req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
@@ -191,7 +195,21 @@ async fn connect(
     };
     outcome.ip = Some(ips[0]);
     outcome.action = Some(decision.action.clone());
+    let max = state.config.max_tunnels_per_identity;
+    let Some(tunnel_slot) = target.identity.open_tunnel(max) else {
+        metrics::counter!("sandgate_proxy_tunnels_refused_total", "limit" => "per_identity")
+            .increment(1);
+        let error = too_many_tunnels(&target, max);
+        outcome.deny(&error, vec![error.message.clone()]);
+        record(&state, &target, outcome, started);
+        let mut response = reply(&error);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    };
     record(&state, &target, outcome, started);
+    let hold = hold.with_tunnel(tunnel_slot);
 
     let on_upgrade = hyper::upgrade::on(&mut req);
     let action = decision.action;
@@ -199,11 +217,23 @@ async fn connect(
     tokio::spawn(
         async move {
             match on_upgrade.await {
-                Ok(upgraded) => tunnel::run(state, target, ips, action, upgraded).await,
+                Ok(upgraded) => tunnel::run(state, target, ips, action, hold, upgraded).await,
                 Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
             }
         }
         .instrument(tracing::Span::current()),
     );
     Response::new(full(bytes::Bytes::new()))
+}
+
+fn too_many_tunnels(target: &Target, max: usize) -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_tunnels",
+        format!(
+            "sandbox {} already holds {max} open tunnels ([proxy] max_tunnels_per_identity); close one and retry",
+            target.identity.id
+        ),
+    )
+    .with_details(serde_json::json!({"limit": max}))
 }

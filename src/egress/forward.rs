@@ -38,6 +38,7 @@ use super::decision::{
     egress_denied, reasons_of, record, resolve_error, sandbox_inactive, Outcome,
 };
 use super::hop::{check_authority, strip_hop_by_hop};
+use super::limits::Hold;
 use super::path;
 use super::state::EgressState;
 use super::target::Target;
@@ -110,6 +111,8 @@ struct Ctx {
     /// The canonical path and query; credentials may add their query parameter.
     path: String,
     ambiguous: Option<&'static str>,
+    /// The limits this request counts against; an upgraded stream keeps them.
+    hold: Hold,
 }
 
 impl Ctx {
@@ -144,6 +147,7 @@ pub(crate) async fn handle(
     target: Arc<Target>,
     scheme: &'static str,
     vetted: Option<Arc<Vetted>>,
+    hold: Hold,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let raw_path = req.uri().path_and_query().map_or("/", |p| p.as_str());
@@ -165,6 +169,7 @@ pub(crate) async fn handle(
         outcome,
         path: canonical.path_and_query,
         ambiguous: canonical.ambiguous,
+        hold,
     };
     match run(&mut ctx, req).await {
         Ok(response) => response,
@@ -423,7 +428,13 @@ fn response(
     if let (Some(client), true) = (upgrade, switching) {
         let server = hyper::upgrade::on(&mut upstream);
         let max = Duration::from_secs(ctx.state.config.tunnel_max_secs);
-        websocket::splice(client, server, max, ctx.target.identity.revocation());
+        websocket::splice(
+            client,
+            server,
+            max,
+            ctx.target.identity.revocation(),
+            ctx.hold.clone(),
+        );
         let (mut parts, body) = upstream.into_parts();
         if ws_key.is_some() {
             // h2 accepts an extended CONNECT with 200; the handshake headers are h1's.

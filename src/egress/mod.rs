@@ -24,6 +24,7 @@ mod decision;
 mod forward;
 mod hop;
 mod io;
+mod limits;
 pub mod path;
 mod state;
 mod target;
@@ -35,20 +36,3 @@ pub mod workers;
 pub use accept::{serve, serve_for};
 pub use body::{BoxError, ProxyBody};
 pub use state::{EgressDeps, EgressState};
-
-/// A gauge that counts something live for exactly as long as this value lives, so it is
-/// right however the task holding it ends (return, error, cancellation or panic).
-pub(crate) struct ActiveGauge(&'static str);
-
-impl ActiveGauge {
-    pub fn new(name: &'static str) -> ActiveGauge {
-        metrics::gauge!(name).increment(1.0);
-        ActiveGauge(name)
-    }
-}
-
-impl Drop for ActiveGauge {
-    fn drop(&mut self) {
-        metrics::gauge!(self.0).decrement(1.0);
-    }
-}

@@ -16,6 +16,7 @@ use tracing::Instrument;
 use super::decision::{record, Outcome};
 use super::forward::{self, Vetted};
 use super::io::PrefixedIo;
+use super::limits::Hold;
 use super::state::{next_request_id, EgressState};
 use super::target::Target;
 use crate::error::ErrorReply;
@@ -27,9 +28,10 @@ pub(crate) async fn run(
     target: Arc<Target>,
     ips: Arc<[IpAddr]>,
     action: String,
+    hold: Hold,
     upgraded: Upgraded,
 ) {
-    let _active = super::ActiveGauge::new("sandgate_proxy_tunnels_active");
+    let _active = crate::telemetry::ActiveGauge::new("sandgate_proxy_tunnels_active");
     let max = Duration::from_secs(state.config.tunnel_max_secs);
     let revoked = target.identity.revocation();
     let io = TokioIo::new(upgraded);
@@ -37,7 +39,7 @@ pub(crate) async fn run(
         if action == "tunnel" {
             opaque(&state, &target, &ips, io).await
         } else {
-            inspect(state.clone(), target.clone(), ips, io).await
+            inspect(state.clone(), target.clone(), ips, hold, io).await
         }
     });
     tokio::select! {
@@ -73,6 +75,7 @@ async fn inspect(
     state: Arc<EgressState>,
     target: Arc<Target>,
     ips: Arc<[IpAddr]>,
+    hold: Hold,
     mut io: TokioIo<Upgraded>,
 ) {
     let started = Instant::now();
@@ -83,13 +86,17 @@ async fn inspect(
         _ => return,
     };
     first.truncate(n);
-    let looks_http = first[0].is_ascii_uppercase() || first.starts_with(b"PRI * HTTP/2");
+    let prefix_is_h2 = first.starts_with(b"PRI ");
+    let looks_http = first[0].is_ascii_uppercase();
     let tls = first[0] == 0x16;
     let io = PrefixedIo::new(Bytes::from(first), io);
     if tls {
-        intercept_tls(state, target, ips, io, started).await;
+        intercept_tls(state, target, ips, hold, io, started).await;
     } else if looks_http {
-        serve_http(state, target, ips, io, "http", None).await;
+        // The protocol is told from the bytes already read, not by waiting for 24 of them
+        // (hyper's detection has no timeout of its own).
+        let h2 = prefix_is_h2;
+        serve_http(state, target, ips, hold, io, "http", h2).await;
     } else {
         let error = ErrorReply::new(
             http::StatusCode::FORBIDDEN,
@@ -108,6 +115,7 @@ async fn intercept_tls<T>(
     state: Arc<EgressState>,
     target: Arc<Target>,
     ips: Arc<[IpAddr]>,
+    hold: Hold,
     io: T,
     started: Instant,
 ) where
@@ -160,18 +168,19 @@ async fn intercept_tls<T>(
         Err(_) => return,
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    serve_http(state, target, ips, tls, "https", Some(h2)).await;
+    serve_http(state, target, ips, hold, tls, "https", h2).await;
 }
 
-/// Serves requests on a terminated tunnel. `alpn_h2` is what TLS negotiated; `None` (plain
-/// HTTP) lets the server detect an h2 prior-knowledge preface itself.
+/// Serves requests on a terminated tunnel: h2 when `h2` (what TLS negotiated, or a plain
+/// h2 prior-knowledge preface), else HTTP/1.1.
 async fn serve_http<T>(
     state: Arc<EgressState>,
     target: Arc<Target>,
     ips: Arc<[IpAddr]>,
+    hold: Hold,
     io: T,
     scheme: &'static str,
-    alpn_h2: Option<bool>,
+    h2: bool,
 ) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -188,21 +197,22 @@ async fn serve_http<T>(
         .max_concurrent_streams(256)
         // RFC 8441: WebSockets over h2 streams (translated to HTTP/1.1 upstream).
         .enable_connect_protocol();
-    let builder = match alpn_h2 {
-        Some(true) => builder.http2_only(),
-        Some(false) => builder.http1_only(),
-        None => builder,
+    let builder = if h2 {
+        builder.http2_only()
+    } else {
+        builder.http1_only()
     };
     let vetted = Arc::new(Vetted::new(&state, &target, scheme, ips));
     let service = hyper::service::service_fn(move |req| {
         let state = state.clone();
         let target = target.clone();
         let vetted = vetted.clone();
+        let hold = hold.clone();
         // Each request inside the tunnel gets its own id, nested under the tunnel's span.
         let span = tracing::debug_span!("request", request_id = %next_request_id());
         async move {
             Ok::<_, std::convert::Infallible>(
-                forward::handle(state, target, scheme, Some(vetted), req).await,
+                forward::handle(state, target, scheme, Some(vetted), hold, req).await,
             )
         }
         .instrument(span)

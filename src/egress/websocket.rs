@@ -10,6 +10,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 
+use super::limits::Hold;
+
 /// An RFC 8441 extended CONNECT for a WebSocket.
 pub(crate) fn is_h2_websocket(req: &Request<Incoming>) -> bool {
     req.version() == Version::HTTP_2
@@ -82,14 +84,17 @@ fn websocket_accept(key: &str) -> String {
 }
 
 /// Copies between the two upgraded sides until either ends, `max` passes, or the identity
-/// is revoked.
+/// is revoked; `hold` keeps the stream counted against the proxy's limits meanwhile.
 pub(crate) fn splice(
     client: hyper::upgrade::OnUpgrade,
     server: hyper::upgrade::OnUpgrade,
     max: Duration,
     revoked: CancellationToken,
+    hold: Hold,
 ) {
     tokio::spawn(async move {
+        // The stream counts against the limits its connection and tunnel did.
+        let _hold = hold;
         let (Ok(client), Ok(server)) = (client.await, server.await) else {
             tracing::debug!("upgrade did not complete on both sides");
             return;

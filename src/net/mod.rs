@@ -3,6 +3,7 @@
 
 pub mod guard;
 pub mod resolve;
+pub mod shed;
 
 pub use guard::{AddressGuard, Forbidden};
 pub use resolve::{ResolveError, Resolver};

@@ -22,6 +22,16 @@ pub enum StoreError {
     Query(#[from] sqlx::Error),
 }
 
+/// How durable a committed write is before it is acknowledged (SQLite `synchronous`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Synced to disk at every commit: a power loss loses nothing acknowledged.
+    Full,
+    /// Synced at checkpoints (WAL): a power loss may drop the last commits.
+    Normal,
+}
+
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: SqlitePool,
@@ -38,7 +48,15 @@ pub struct CredentialRow {
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 impl Store {
+    /// Opens (creating) the database with `synchronous=FULL`.
     pub async fn open_sqlite(path: &Path) -> Result<Store, StoreError> {
+        Store::open_sqlite_with(path, Durability::Full).await
+    }
+
+    pub async fn open_sqlite_with(
+        path: &Path,
+        durability: Durability,
+    ) -> Result<Store, StoreError> {
         let open_err = |reason: String| StoreError::Open {
             path: path.display().to_string(),
             reason,
@@ -50,7 +68,10 @@ impl Store {
             .map_err(|e| open_err(e.to_string()))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
+            .synchronous(match durability {
+                Durability::Full => SqliteSynchronous::Full,
+                Durability::Normal => SqliteSynchronous::Normal,
+            })
             .busy_timeout(std::time::Duration::from_secs(5))
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
@@ -83,6 +104,29 @@ impl Store {
                 version: r.get("version"),
             })
             .collect())
+    }
+
+    /// Inserts a new credential; `Ok(None)` when one of that name exists already (a race
+    /// between two creates has exactly one winner). Returns the version.
+    pub async fn insert_credential(
+        &self,
+        workspace: &str,
+        name: &str,
+        meta_json: &str,
+        sealed: &[u8],
+    ) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query(
+            "INSERT INTO credentials (workspace, name, meta_json, sealed) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (workspace, name) DO NOTHING
+             RETURNING version",
+        )
+        .bind(workspace)
+        .bind(name)
+        .bind(meta_json)
+        .bind(sealed)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| r.get("version")))
     }
 
     /// Inserts or replaces; returns the new version.
