@@ -96,7 +96,9 @@ pub use engine::{
 };
 pub use error::{Attempt, NoEligible, NoEligibleDetails, NO_ELIGIBLE_PROVIDER};
 pub use request::{
-    AutoKeyword, Features, FilesystemFeatures, LabelExpr, Network, Operator, Order, PoolAffinity,
-    Priority, ProcessFeatures, Request, Resources, Routing, SandboxAffinity, SandboxTerm, Source,
-    SpreadMode, SpreadTerm, TopologyKey, WeightedLabelExpr, WeightedSandboxTerm,
+    check_text, AutoKeyword, Features, FilesystemFeatures, InvalidField, LabelExpr, Network,
+    Operator, Order, PoolAffinity, Priority, ProcessFeatures, Request, Resources, Routing,
+    SandboxAffinity, SandboxTerm, Source, SpreadMode, SpreadTerm, TopologyKey, WeightedLabelExpr,
+    WeightedSandboxTerm, MAX_CPU, MAX_DISK_GB, MAX_ENTRIES, MAX_GPU, MAX_MEMORY_MB, MAX_NAME_BYTES,
+    MAX_SOURCE_BYTES, MAX_VALUE_BYTES, MAX_WEIGHT,
 };

@@ -4,6 +4,13 @@
 //! `credentials`, ...). Every nested object that expresses a requirement or preference is
 //! `deny_unknown_fields`: a requirement the router does not understand must be rejected, not
 //! silently dropped, or a sandbox could land somewhere that does not honour it.
+//!
+//! [`Request::validate`] holds what the types cannot say: resources are finite, positive and
+//! bounded (`resources.cpu` in (0, 1024], `memory_mb` 1 to 16 TiB, `disk_gb` 1 to 64 TiB, `gpu`
+//! at most 64), weights and `max_skew` are 1 to 1000, names, label keys and values carry no
+//! control or invisible formatting characters ([`check_text`]) and have bounded lengths, lists
+//! are bounded, and `network.cidrs` are CIDRs. Errors name the field path and never echo the
+//! value.
 
 use std::collections::BTreeMap;
 
@@ -249,4 +256,455 @@ pub struct Routing {
     pub order: Option<Order>,
     /// Append the Standby Pool to the order.
     pub standby: bool,
+}
+
+// ------------------------------------------------------------------------------ validation
+
+/// A request field that is out of bounds: `field` is its path (`resources.cpu`,
+/// `labels.team`, `routing.spread[0].max_skew`), `message` says what is allowed and never
+/// quotes the value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidField {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for InvalidField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}`: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for InvalidField {}
+
+/// Most cores a request may ask for.
+pub const MAX_CPU: f64 = 1024.0;
+/// Most memory a request may ask for (16 TiB).
+pub const MAX_MEMORY_MB: u64 = 16 * 1024 * 1024;
+/// Most disk a request may ask for (64 TiB).
+pub const MAX_DISK_GB: u64 = 64 * 1024;
+/// Most GPUs a request may ask for.
+pub const MAX_GPU: u32 = 64;
+/// Largest weight or `max_skew`.
+pub const MAX_WEIGHT: u32 = 1000;
+/// Longest name (provider, pool, region, VPC, GPU type, label key, ...), in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+/// Longest label or selector value, in bytes.
+pub const MAX_VALUE_BYTES: usize = 256;
+/// Longest source reference (image, environment, template), in bytes.
+pub const MAX_SOURCE_BYTES: usize = 512;
+/// Most entries in any list or map of a request.
+pub const MAX_ENTRIES: usize = 64;
+
+/// Why `text` is not acceptable as a name or label (`None` when it is): empty when
+/// `allow_empty` is false, longer than `max_bytes`, or holding a control character (C0, DEL,
+/// C1: NUL, CR, LF, ESC, ...) or an invisible formatting character (zero-width characters,
+/// bidirectional overrides and isolates, line and paragraph separators, BOM), which could make
+/// one name display as another in a log or a policy decision.
+pub fn check_text(text: &str, max_bytes: usize, allow_empty: bool) -> Option<String> {
+    if text.is_empty() && !allow_empty {
+        return Some("must not be empty".into());
+    }
+    if text.len() > max_bytes {
+        return Some(format!("must be at most {max_bytes} bytes"));
+    }
+    if text.chars().any(forbidden_char) {
+        return Some("must not contain control or invisible formatting characters".into());
+    }
+    None
+}
+
+fn forbidden_char(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{200B}'..='\u{200F}' // zero-width space/joiners, LRM, RLM
+            | '\u{2028}'..='\u{202E}' // line/paragraph separators, bidi embeddings/overrides
+            | '\u{2060}'..='\u{2069}' // word joiner, invisible operators, bidi isolates
+            | '\u{FEFF}' // BOM / zero-width no-break space
+        )
+}
+
+struct Checker {
+    at: String,
+}
+
+impl Checker {
+    fn fail<T>(
+        &self,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Result<T, InvalidField> {
+        let field = field.into();
+        Err(InvalidField {
+            field: if self.at.is_empty() {
+                field
+            } else if field.is_empty() {
+                self.at.clone()
+            } else {
+                format!("{}.{field}", self.at)
+            },
+            message: message.into(),
+        })
+    }
+
+    fn text(
+        &self,
+        field: &str,
+        text: &str,
+        max: usize,
+        allow_empty: bool,
+    ) -> Result<(), InvalidField> {
+        match check_text(text, max, allow_empty) {
+            Some(message) => self.fail(field, message),
+            None => Ok(()),
+        }
+    }
+
+    fn name(&self, field: &str, text: &str) -> Result<(), InvalidField> {
+        self.text(field, text, MAX_NAME_BYTES, false)
+    }
+
+    fn count(&self, field: &str, len: usize) -> Result<(), InvalidField> {
+        if len > MAX_ENTRIES {
+            return self.fail(field, format!("must have at most {MAX_ENTRIES} entries"));
+        }
+        Ok(())
+    }
+
+    fn names(&self, field: &str, names: &[String]) -> Result<(), InvalidField> {
+        self.count(field, names.len())?;
+        for (i, name) in names.iter().enumerate() {
+            self.name(&format!("{field}[{i}]"), name)?;
+        }
+        Ok(())
+    }
+
+    /// Keys are names; a bad key is reported at the map, a bad value at `map.key`.
+    fn labels(&self, field: &str, labels: &BTreeMap<String, String>) -> Result<(), InvalidField> {
+        self.count(field, labels.len())?;
+        for (key, value) in labels {
+            if let Some(message) = check_text(key, MAX_NAME_BYTES, false) {
+                return self.fail(field, format!("a key {message}"));
+            }
+            self.text(&format!("{field}.{key}"), value, MAX_VALUE_BYTES, true)?;
+        }
+        Ok(())
+    }
+
+    fn weight(&self, field: &str, weight: u32) -> Result<(), InvalidField> {
+        if weight == 0 || weight > MAX_WEIGHT {
+            return self.fail(field, format!("must be between 1 and {MAX_WEIGHT}"));
+        }
+        Ok(())
+    }
+
+    fn expr(&self, field: &str, key: &str, values: &[String]) -> Result<(), InvalidField> {
+        self.name(&format!("{field}.key"), key)?;
+        self.count(&format!("{field}.values"), values.len())?;
+        for (i, value) in values.iter().enumerate() {
+            self.text(
+                &format!("{field}.values[{i}]"),
+                value,
+                MAX_VALUE_BYTES,
+                true,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn affinity(&self, field: &str, a: &SandboxAffinity) -> Result<(), InvalidField> {
+        self.count(&format!("{field}.required"), a.required.len())?;
+        for (i, t) in a.required.iter().enumerate() {
+            self.labels(
+                &format!("{field}.required[{i}].match_labels"),
+                &t.match_labels,
+            )?;
+        }
+        self.count(&format!("{field}.preferred"), a.preferred.len())?;
+        for (i, t) in a.preferred.iter().enumerate() {
+            self.weight(&format!("{field}.preferred[{i}].weight"), t.weight)?;
+            self.labels(
+                &format!("{field}.preferred[{i}].match_labels"),
+                &t.match_labels,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `a.b.c.d/n` or an IPv6 address with `/n`; a bare address is a host route.
+fn valid_cidr(text: &str) -> bool {
+    let (addr, prefix) = match text.split_once('/') {
+        Some((addr, prefix)) => (addr, Some(prefix)),
+        None => (text, None),
+    };
+    let Ok(addr) = addr.parse::<std::net::IpAddr>() else {
+        return false;
+    };
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    match prefix {
+        None => true,
+        Some(p) => {
+            !p.is_empty()
+                && p.len() <= 3
+                && p.bytes().all(|b| b.is_ascii_digit())
+                && p.parse::<u32>().is_ok_and(|n| n <= max)
+        }
+    }
+}
+
+impl Request {
+    /// Checks bounds the types cannot express; see the module documentation. The first
+    /// offending field is reported.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let c = Checker { at: String::new() };
+        if let Some(p) = &self.provider {
+            c.name("provider", p)?;
+        }
+        c.names("fallback_providers", &self.fallback_providers)?;
+        if let Some(source) = &self.source {
+            let (field, text) = match source {
+                Source::Environment(t) => ("source.environment", t),
+                Source::Image(t) => ("source.image", t),
+                Source::Template(t) => ("source.template", t),
+            };
+            c.text(field, text, MAX_SOURCE_BYTES, false)?;
+        }
+        self.resources.validate()?;
+        self.network.validate()?;
+        c.names("regions", &self.regions)?;
+        c.labels("labels", &self.labels)?;
+        self.routing.validate()
+    }
+}
+
+impl Resources {
+    fn validate(&self) -> Result<(), InvalidField> {
+        let c = Checker {
+            at: "resources".into(),
+        };
+        if let Some(cpu) = self.cpu {
+            if !cpu.is_finite() || cpu <= 0.0 || cpu > MAX_CPU {
+                return c.fail(
+                    "cpu",
+                    format!("must be a number of cores above 0 and at most {MAX_CPU}"),
+                );
+            }
+        }
+        if let Some(m) = self.memory_mb {
+            if m == 0 || m > MAX_MEMORY_MB {
+                return c.fail(
+                    "memory_mb",
+                    format!("must be between 1 and {MAX_MEMORY_MB}"),
+                );
+            }
+        }
+        if let Some(d) = self.disk_gb {
+            if d == 0 || d > MAX_DISK_GB {
+                return c.fail("disk_gb", format!("must be between 1 and {MAX_DISK_GB}"));
+            }
+        }
+        if let Some(g) = self.gpu {
+            if g > MAX_GPU {
+                return c.fail("gpu", format!("must be between 0 and {MAX_GPU}"));
+            }
+        }
+        if let Some(t) = &self.gpu_type {
+            c.name("gpu_type", t)?;
+        }
+        Ok(())
+    }
+}
+
+impl Network {
+    fn validate(&self) -> Result<(), InvalidField> {
+        let c = Checker {
+            at: "network".into(),
+        };
+        // Domain patterns themselves are checked by the gateway (`domain::validate_pattern`).
+        if self.allow_domains.len() > 4 * MAX_ENTRIES {
+            return c.fail(
+                "allow_domains",
+                format!("must have at most {} entries", 4 * MAX_ENTRIES),
+            );
+        }
+        for (i, d) in self.allow_domains.iter().enumerate() {
+            c.text(&format!("allow_domains[{i}]"), d, 253, false)?;
+        }
+        if self.cidrs.len() > 4 * MAX_ENTRIES {
+            return c.fail(
+                "cidrs",
+                format!("must have at most {} entries", 4 * MAX_ENTRIES),
+            );
+        }
+        for (i, cidr) in self.cidrs.iter().enumerate() {
+            if !valid_cidr(cidr) {
+                return c.fail(
+                    format!("cidrs[{i}]"),
+                    "must be an IP address or CIDR (address/prefix)",
+                );
+            }
+        }
+        if let Some(vpc) = &self.vpc {
+            c.name("vpc", vpc)?;
+        }
+        Ok(())
+    }
+}
+
+impl Routing {
+    fn validate(&self) -> Result<(), InvalidField> {
+        let c = Checker {
+            at: "routing".into(),
+        };
+        c.count("priorities", self.priorities.len())?;
+        if let Some(p) = &self.pin_pool {
+            c.name("pin_pool", p)?;
+        }
+        c.labels("pool_selector", &self.pool_selector)?;
+        let pa = &self.pool_affinity;
+        c.count("pool_affinity.required", pa.required.len())?;
+        for (i, e) in pa.required.iter().enumerate() {
+            c.expr(&format!("pool_affinity.required[{i}]"), &e.key, &e.values)?;
+        }
+        c.count("pool_affinity.preferred", pa.preferred.len())?;
+        for (i, e) in pa.preferred.iter().enumerate() {
+            let at = format!("pool_affinity.preferred[{i}]");
+            c.weight(&format!("{at}.weight"), e.weight)?;
+            c.expr(&at, &e.key, &e.values)?;
+        }
+        c.affinity("sandbox_affinity", &self.sandbox_affinity)?;
+        c.affinity("sandbox_anti_affinity", &self.sandbox_anti_affinity)?;
+        c.count("spread", self.spread.len())?;
+        for (i, t) in self.spread.iter().enumerate() {
+            let at = format!("spread[{i}]");
+            c.weight(&format!("{at}.max_skew"), t.max_skew)?;
+            c.weight(&format!("{at}.weight"), t.weight)?;
+            c.labels(&format!("{at}.match_labels"), &t.match_labels)?;
+        }
+        if let Some(Order::Providers(names)) = &self.order {
+            c.names("order", names)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(json: serde_json::Value) -> Result<(), InvalidField> {
+        serde_json::from_value::<Request>(json).unwrap().validate()
+    }
+
+    fn field(json: serde_json::Value) -> String {
+        check(json).unwrap_err().field
+    }
+
+    #[test]
+    fn ordinary_requests_pass() {
+        check(serde_json::json!({
+            "resources": {"cpu": 0.5, "memory_mb": 512, "disk_gb": 10, "gpu": 0},
+            "labels": {"app.kubernetes.io/name": "web", "empty": ""},
+            "network": {"cidrs": ["10.0.0.0/8", "2001:db8::/32", "192.0.2.1"]},
+            "routing": {"spread": [{"topology": "zone"}],
+                        "pool_affinity": {"preferred": [{"weight": 100, "key": "gen", "values": ["4"]}]}},
+            "source": {"image": "python:3.12"}, "regions": ["us-east-1"]
+        }))
+        .unwrap();
+        check(serde_json::json!({})).unwrap();
+    }
+
+    #[test]
+    fn resources_are_finite_positive_and_bounded() {
+        for cpu in [-2.0, 0.0, 1e308, f64::NAN, f64::INFINITY, 1024.5] {
+            let r = Request {
+                resources: Resources {
+                    cpu: Some(cpu),
+                    ..Resources::default()
+                },
+                ..Request::default()
+            };
+            assert_eq!(r.validate().unwrap_err().field, "resources.cpu", "{cpu}");
+        }
+        assert_eq!(
+            field(serde_json::json!({"resources": {"memory_mb": 0}})),
+            "resources.memory_mb"
+        );
+        assert_eq!(
+            field(serde_json::json!({"resources": {"disk_gb": u64::MAX}})),
+            "resources.disk_gb"
+        );
+        assert_eq!(
+            field(serde_json::json!({"resources": {"gpu": 65}})),
+            "resources.gpu"
+        );
+    }
+
+    #[test]
+    fn names_and_labels_have_no_control_characters() {
+        assert_eq!(
+            field(serde_json::json!({"labels": {"a\u{0}b": "x"}})),
+            "labels"
+        );
+        assert_eq!(field(serde_json::json!({"labels": {"": "x"}})), "labels");
+        assert_eq!(
+            field(serde_json::json!({"labels": {"a": "x\ny"}})),
+            "labels.a"
+        );
+        assert_eq!(
+            field(serde_json::json!({"labels": {"a": "\u{202E}x"}})),
+            "labels.a"
+        );
+        assert_eq!(
+            field(serde_json::json!({"regions": ["ok", "us\u{7}"]})),
+            "regions[1]"
+        );
+        assert_eq!(
+            field(serde_json::json!({"routing": {"pool_selector": {"k\u{1b}": "v"}}})),
+            "routing.pool_selector"
+        );
+        assert_eq!(
+            field(
+                serde_json::json!({"routing": {"pool_affinity": {"required": [{"key": "k\u{0}"}]}}})
+            ),
+            "routing.pool_affinity.required[0].key"
+        );
+        let long = "k".repeat(MAX_NAME_BYTES + 1);
+        assert_eq!(field(serde_json::json!({"provider": long})), "provider");
+        // Whatever is refused, the message never quotes the value.
+        let err = check(serde_json::json!({"labels": {"secret-ish\u{0}": "x"}})).unwrap_err();
+        assert!(!err.message.contains("secret-ish"), "{err}");
+    }
+
+    #[test]
+    fn weights_skews_and_cidrs_are_bounded() {
+        assert_eq!(
+            field(
+                serde_json::json!({"routing": {"spread": [{"topology": "zone", "max_skew": 0}]}})
+            ),
+            "routing.spread[0].max_skew"
+        );
+        assert_eq!(
+            field(
+                serde_json::json!({"routing": {"pool_affinity": {"preferred": [{"weight": 0, "key": "k"}]}}})
+            ),
+            "routing.pool_affinity.preferred[0].weight"
+        );
+        assert_eq!(
+            field(
+                serde_json::json!({"routing": {"sandbox_affinity": {"preferred": [{"weight": 1001, "topology": "zone"}]}}})
+            ),
+            "routing.sandbox_affinity.preferred[0].weight"
+        );
+        for bad in ["10.0.0.0/33", "nope", "10.0.0.0/", "::/129", "1.2.3.4/+1"] {
+            assert_eq!(
+                field(serde_json::json!({"network": {"cidrs": [bad]}})),
+                "network.cidrs[0]",
+                "{bad}"
+            );
+        }
+        let many: Vec<String> = (0..=MAX_ENTRIES).map(|i| format!("r{i}")).collect();
+        assert_eq!(field(serde_json::json!({"regions": many})), "regions");
+    }
 }
