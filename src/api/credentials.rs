@@ -1,7 +1,13 @@
 //! `/v1/workspaces/{ws}/credentials[/{name}]`: create, list, read, replace (rotate), delete.
 //! Responses carry metadata only; a secret goes in and never comes out.
+//!
+//! Before anything is stored the body is checked beyond what the credential store checks
+//! (see [`check_body`]): the workspace, `user`, header template, Basic username, query
+//! parameter and path prefixes carry no control characters (a CR/LF in a template would
+//! otherwise end up in a request header), ports are 1 to 65535, methods are HTTP tokens, and
+//! lists are bounded. The name rule itself is the store's (`credentials::valid_name`).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -11,6 +17,7 @@ use serde_json::json;
 
 use super::auth::Caller;
 use super::body::JsonBody;
+use super::extract::Path;
 use super::ApiState;
 use crate::credentials::{Apply, CredentialError, CredentialMeta, DestinationRule, Secret};
 use crate::error::ErrorReply;
@@ -40,6 +47,81 @@ struct CredentialBody {
     placeholder_env: Option<String>,
     #[serde(default)]
     scrub_response_body: bool,
+}
+
+/// Most destinations, ports or methods per credential.
+const MAX_LIST: usize = 64;
+/// Longest header template, path prefix or username, in bytes.
+const MAX_TEXT_BYTES: usize = 1024;
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ErrorReply {
+    let field = field.into();
+    let message = message.into();
+    ErrorReply::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        format!("`{field}`: {message}"),
+    )
+    .with_details(json!({"field": field}))
+}
+
+fn text(field: impl Into<String>, value: &str, max: usize) -> Result<(), ErrorReply> {
+    match sandgate_router::check_text(value, max, false) {
+        Some(problem) => Err(invalid(field, problem)),
+        None => Ok(()),
+    }
+}
+
+fn bounded(field: &str, len: usize) -> Result<(), ErrorReply> {
+    if len > MAX_LIST {
+        return Err(invalid(
+            field,
+            format!("must have at most {MAX_LIST} entries"),
+        ));
+    }
+    Ok(())
+}
+
+/// The checks of the module documentation, made before anything is stored; messages name
+/// the field and never quote the value.
+fn check_body(ws: &str, body: &CredentialBody) -> Result<(), ErrorReply> {
+    text("workspace", ws, sandgate_router::MAX_NAME_BYTES)?;
+    if let Some(user) = &body.user {
+        text("user", user, sandgate_router::MAX_NAME_BYTES)?;
+    }
+    bounded("destinations", body.destinations.len())?;
+    for (i, d) in body.destinations.iter().enumerate() {
+        let at = format!("destinations[{i}]");
+        text(format!("{at}.host"), &d.host, 253)?;
+        bounded(&format!("{at}.ports"), d.ports.len())?;
+        if let Some(j) = d.ports.iter().position(|p| *p == 0) {
+            return Err(invalid(format!("{at}.ports[{j}]"), "must be 1 to 65535"));
+        }
+        bounded(&format!("{at}.methods"), d.methods.len())?;
+        for (j, m) in d.methods.iter().enumerate() {
+            if m.is_empty() || m.len() > 32 || http::Method::from_bytes(m.as_bytes()).is_err() {
+                return Err(invalid(
+                    format!("{at}.methods[{j}]"),
+                    "must be an HTTP method name (a token such as GET)",
+                ));
+            }
+        }
+        if let Some(prefix) = &d.path_prefix {
+            text(format!("{at}.path_prefix"), prefix, MAX_TEXT_BYTES)?;
+        }
+    }
+    match &body.apply {
+        Apply::Header { name, template } => {
+            text("apply.name", name, sandgate_router::MAX_NAME_BYTES)?;
+            text("apply.template", template, MAX_TEXT_BYTES)?;
+        }
+        Apply::Basic { username } => text("apply.username", username, MAX_TEXT_BYTES)?,
+        Apply::Query { param } => text("apply.param", param, sandgate_router::MAX_NAME_BYTES)?,
+    }
+    if let Some(env) = &body.placeholder_env {
+        text("placeholder_env", env, sandgate_router::MAX_NAME_BYTES)?;
+    }
+    Ok(())
 }
 
 fn forbidden(ws: &str) -> ErrorReply {
@@ -113,6 +195,9 @@ async fn create(
     if !caller.may_manage(&ws) {
         return forbidden(&ws).into_response();
     }
+    if let Err(e) = check_body(&ws, &body) {
+        return e.into_response();
+    }
     let Some(name) = body.name.clone() else {
         return error_reply(CredentialError::Invalid {
             field: "name".into(),
@@ -157,6 +242,9 @@ async fn replace(
             message: "does not match the URL; credentials cannot be renamed".into(),
         })
         .into_response();
+    }
+    if let Err(e) = check_body(&ws, &body) {
+        return e.into_response();
     }
     if state.credentials.get(&ws, &name).is_none() {
         return error_reply(CredentialError::NotFound {

@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
@@ -29,6 +29,7 @@ use serde_json::json;
 
 use super::auth::{Caller, DELEGATION_TOKEN_PREFIX};
 use super::body::JsonBody;
+use super::extract::Path;
 use super::ApiState;
 use crate::error::ErrorReply;
 use crate::store::delegations::DelegationRow;
@@ -75,9 +76,10 @@ pub fn layer_of(operation: &str) -> Option<&'static str> {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MintBody {
-    /// Who the token is for (recorded, shown in decision inputs).
+    /// Who the token is for (recorded, shown in decision inputs): 1 to 128 bytes, no
+    /// control or invisible formatting characters.
     agent: String,
-    /// The operations the agent may perform, e.g. `["exec"]`.
+    /// The operations the agent may perform, e.g. `["exec"]` (at most 64 entries).
     actions: Vec<String>,
     /// Lifetime in seconds (default 3600, at most 7 days).
     ttl_secs: Option<u64>,
@@ -109,13 +111,22 @@ pub async fn mint(
             .with_details(json!({"field": field}))
             .into_response()
     };
-    if body.agent.trim().is_empty() || body.agent.len() > 128 {
-        return invalid("agent", "`agent` must be 1 to 128 characters".into());
+    if body.agent.trim().is_empty()
+        || sandgate_router::check_text(&body.agent, 128, false).is_some()
+    {
+        return invalid(
+            "agent",
+            "`agent` must be 1 to 128 bytes without control or invisible formatting characters"
+                .into(),
+        );
     }
-    if body.actions.is_empty() {
+    if body.actions.is_empty() || body.actions.len() > sandgate_router::MAX_ENTRIES {
         return invalid(
             "actions",
-            "`actions` must name at least one operation".into(),
+            format!(
+                "`actions` must name 1 to {} operations",
+                sandgate_router::MAX_ENTRIES
+            ),
         );
     }
     let ttl = Duration::from_secs(body.ttl_secs.unwrap_or(3600));

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -13,6 +13,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use super::auth::Caller;
+use super::extract::Path;
 use super::ApiState;
 use crate::error::ErrorReply;
 use crate::localbox::{CA_ENV_VARS, NO_PROXY, PROXY_ENV_VARS};

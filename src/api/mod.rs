@@ -1,10 +1,18 @@
 //! The control-plane HTTP API: `GET /healthz` (liveness plus policy status), `GET /metrics`
 //! (Prometheus text format), and the authenticated `/v1` resources.
+//!
+//! Every refusal answers the error shape (`{"error": {"code", "message", "details"}}` plus
+//! `X-Sandgate-Error`): bodies through [`body::JsonBody`] / [`body::RawBody`], path and
+//! query parameters through [`extract::Path`] / [`extract::Query`], an unknown endpoint is
+//! 404 `not_found`, a known one with another method 405 `method_not_allowed` (with
+//! `Allow`), a body over the limit 413 `payload_too_large`; [`error_shape`] rewrites any other
+//! error response that slipped through (an axum or tower rejection) into the shape.
 
 pub mod auth;
 pub mod body;
 pub mod credentials;
 pub mod delegations;
+pub mod extract;
 pub mod identities;
 pub mod policies;
 pub mod routes;
@@ -13,7 +21,7 @@ pub mod sandboxes;
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -53,6 +61,11 @@ pub fn router(state: ApiState) -> Router {
         .merge(delegations::routes())
         .merge(routes::routes())
         .fallback(not_found)
+        // After every route: it applies to the routes registered so far.
+        .method_not_allowed_fallback(method_not_allowed)
+        // A route with its own limit (file uploads) overrides this one.
+        .layer(DefaultBodyLimit::max(body::MAX_JSON_BYTES))
+        .layer(axum::middleware::map_response(error_shape))
         .with_state(state)
 }
 
@@ -85,4 +98,56 @@ async fn metrics(State(state): State<ApiState>) -> Response {
 async fn not_found() -> Response {
     crate::error::ErrorReply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
         .to_response::<axum::body::Body>()
+}
+
+/// axum adds the `Allow` header to this answer.
+async fn method_not_allowed() -> Response {
+    crate::error::ErrorReply::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this endpoint does not take this method; the Allow header lists the ones it takes",
+    )
+    .to_response::<axum::body::Body>()
+}
+
+/// Any 4xx/5xx that is not already in the error shape (no `X-Sandgate-Error`) becomes it,
+/// keeping `Allow`, `WWW-Authenticate` and `Retry-After`. Handlers and extractors answer
+/// the shape themselves; this is the net under them.
+async fn error_shape(response: Response) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error())
+        || response.headers().contains_key(crate::error::ERROR_HEADER)
+    {
+        return response;
+    }
+    let (code, message) = match status {
+        StatusCode::BAD_REQUEST => ("invalid_request", "the request is malformed"),
+        StatusCode::UNAUTHORIZED => ("unauthenticated", "authentication is required"),
+        StatusCode::FORBIDDEN => ("forbidden", "the request is not allowed"),
+        StatusCode::NOT_FOUND => ("not_found", "no such endpoint"),
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "method_not_allowed",
+            "this endpoint does not take this method",
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "payload_too_large",
+            "the request body is larger than this endpoint accepts",
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
+            "unsupported_media_type",
+            "the request body's content type is not accepted",
+        ),
+        StatusCode::UNPROCESSABLE_ENTITY => ("invalid_request", "the request is malformed"),
+        s if s.is_client_error() => ("invalid_request", "the request was refused"),
+        StatusCode::SERVICE_UNAVAILABLE => ("overloaded", "the service is unavailable; retry"),
+        _ => ("internal", "the request could not be handled"),
+    };
+    let mut reply =
+        crate::error::ErrorReply::new(status, code, message).to_response::<axum::body::Body>();
+    for name in [header::ALLOW, header::WWW_AUTHENTICATE, header::RETRY_AFTER] {
+        if let Some(value) = response.headers().get(&name) {
+            reply.headers_mut().insert(name, value.clone());
+        }
+    }
+    reply
 }

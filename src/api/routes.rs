@@ -30,8 +30,9 @@ pub fn routes() -> Router<ApiState> {
     request_body(content = Object, description = "A create request body", content_type = "application/json"),
     responses(
         (status = 200, description = "Explanation: automatic, baseline, priorities, bands, pools[] {pool, provider, account, eligible, unmet_requirements, tier, rank, metrics, soft_score, free_capacity, position}, order, error", body = Object),
-        (status = 400, description = "invalid_request"),
+        (status = 400, description = "invalid_request: the create body's rules (see POST /v1/sandboxes)"),
         (status = 401, description = "unauthenticated"),
+        (status = 413, description = "payload_too_large: the body is over 1 MiB"),
     ),
     security(("bearer" = []))
 )]
@@ -76,7 +77,7 @@ pub async fn explain(
 #[openapi(
     info(
         title = "sandgate",
-        description = "Policy-first sandbox gateway API. Errors: {\"error\": {\"code\", \"message\", \"details\"}}."
+        description = "Policy-first sandbox gateway API. Every error, including 404 for an unknown endpoint, 405 for a method an endpoint does not take (with Allow) and 413 for a body over the endpoint's limit (1 MiB for JSON, 64 MiB for file uploads), is {\"error\": {\"code\", \"message\", \"details\"}} with an X-Sandgate-Error header carrying the code. JSON bodies are exactly one JSON value (nothing after it), with no duplicate keys and no unknown fields; a refusal names the field (details.field) and never echoes the value."
     ),
     paths(
         super::sandboxes::create,

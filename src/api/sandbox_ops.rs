@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -36,7 +36,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::auth::{ActionCaller, Principal};
-use super::body::JsonBody;
+use super::body::{JsonBody, RawBody};
+use super::extract::{Path, Query, QueryParams};
 use super::ApiState;
 use crate::create::Located;
 use crate::error::ErrorReply;
@@ -47,6 +48,12 @@ use crate::providers::{ExecSpec, OpError, Provider};
 pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
 /// Longest exec timeout a caller may ask for.
 const MAX_EXEC_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// Most arguments, and most environment variables, an exec may carry.
+const MAX_EXEC_ENTRIES: usize = 4096;
+/// Longest environment variable name, in bytes.
+const MAX_ENV_NAME_BYTES: usize = 256;
+/// Longest file path or working directory, in bytes (Linux's `PATH_MAX`).
+const MAX_PATH_BYTES: usize = 4096;
 
 pub fn routes() -> Router<ApiState> {
     Router::new()
@@ -246,14 +253,16 @@ pub(crate) const ANY_STATE: &[&str] = &[
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecBody {
-    /// The program and its arguments (no shell: use `["sh", "-c", "..."]` for one).
+    /// The program and its arguments (no shell: use `["sh", "-c", "..."]` for one); 1 to
+    /// 4096 entries, none containing NUL.
     argv: Vec<String>,
-    /// Extra environment variables (the proxy and CA variables cannot be redefined).
+    /// Extra environment variables (the proxy and CA variables cannot be redefined); names
+    /// `[A-Za-z_][A-Za-z0-9_]*` (at most 256 bytes), values without NUL.
     #[serde(default)]
     env: BTreeMap<String, String>,
-    /// Working directory inside the sandbox (default its home).
+    /// Working directory inside the sandbox (default its home); at most 4096 bytes, no NUL.
     cwd: Option<String>,
-    /// Kill the command's process tree after this many milliseconds.
+    /// Kill the command's process tree after this many milliseconds (1 to 86400000).
     timeout_ms: Option<u64>,
 }
 
@@ -266,6 +275,7 @@ pub struct ExecBody {
     request_body(content = ExecBody, content_type = "application/json"),
     responses(
         (status = 200, description = "application/x-ndjson: started, stdout/stderr chunks in order, exit", content_type = "application/x-ndjson"),
+        (status = 400, description = "invalid_request: details.field names the field (argv[i], env, env.NAME, cwd, timeout_ms, or an unknown field)"),
         (status = 403, description = "policy_denied (layer sandgate.action, operation exec)"),
         (status = 404, description = "not_found"),
         (status = 409, description = "sandbox_state: not running"),
@@ -285,29 +295,88 @@ pub async fn exec(
     }
 }
 
+fn invalid(field: &str, message: impl Into<String>) -> ErrorReply {
+    ErrorReply::new(StatusCode::BAD_REQUEST, "invalid_request", message.into())
+        .with_details(json!({"field": field}))
+}
+
+/// Everything about an exec body the types do not say, checked before policy sees it:
+/// a program, bounded lists, no NUL in any argument, value or the working directory (the
+/// kernel cannot pass one), environment names of `[A-Za-z_][A-Za-z0-9_]*`, a timeout of 1 ms
+/// to 24 h. Messages never quote a value (values may hold secrets).
+fn check_exec(body: &ExecBody) -> Result<(), ErrorReply> {
+    if body.argv.is_empty() {
+        return Err(invalid("argv", "`argv` must name a program"));
+    }
+    if body.argv.len() > MAX_EXEC_ENTRIES {
+        return Err(invalid(
+            "argv",
+            format!("`argv` may have at most {MAX_EXEC_ENTRIES} entries"),
+        ));
+    }
+    if body.argv[0].is_empty() {
+        return Err(invalid("argv[0]", "`argv[0]` must name a program"));
+    }
+    if let Some(i) = body.argv.iter().position(|a| a.contains('\0')) {
+        return Err(invalid(
+            &format!("argv[{i}]"),
+            format!("`argv[{i}]` contains a NUL character"),
+        ));
+    }
+    if body.env.len() > MAX_EXEC_ENTRIES {
+        return Err(invalid(
+            "env",
+            format!("`env` may have at most {MAX_EXEC_ENTRIES} entries"),
+        ));
+    }
+    for (name, value) in &body.env {
+        let valid = !name.is_empty()
+            && name.len() <= MAX_ENV_NAME_BYTES
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(invalid(
+                "env",
+                format!(
+                    "`env`: a variable name must be 1 to {MAX_ENV_NAME_BYTES} of A-Z, a-z, \
+                     0-9 and '_', not starting with a digit"
+                ),
+            ));
+        }
+        if value.contains('\0') {
+            let field = format!("env.{name}");
+            return Err(invalid(
+                &field,
+                format!("`{field}` contains a NUL character"),
+            ));
+        }
+    }
+    if let Some(cwd) = &body.cwd {
+        if cwd.is_empty() || cwd.len() > MAX_PATH_BYTES || cwd.contains('\0') {
+            return Err(invalid(
+                "cwd",
+                format!("`cwd` must be 1 to {MAX_PATH_BYTES} bytes without a NUL character"),
+            ));
+        }
+    }
+    let timeout = body.timeout_ms.map(Duration::from_millis);
+    if timeout.is_some_and(|t| t.is_zero() || t > MAX_EXEC_TIMEOUT) {
+        return Err(invalid(
+            "timeout_ms",
+            "`timeout_ms` must be between 1 and 86400000",
+        ));
+    }
+    Ok(())
+}
+
 async fn start_exec(
     state: &ApiState,
     caller: &Principal,
     id: &str,
     body: ExecBody,
 ) -> Result<Response, ErrorReply> {
-    if body.argv.is_empty() {
-        return Err(ErrorReply::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "`argv` must name a program",
-        )
-        .with_details(json!({"field": "argv"})));
-    }
+    check_exec(&body)?;
     let timeout = body.timeout_ms.map(Duration::from_millis);
-    if timeout.is_some_and(|t| t.is_zero() || t > MAX_EXEC_TIMEOUT) {
-        return Err(ErrorReply::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "`timeout_ms` must be between 1 and 86400000",
-        )
-        .with_details(json!({"field": "timeout_ms"})));
-    }
     // Environment values may hold secrets: policy sees the names only.
     let detail = json!({"exec": {
         "argv": body.argv,
@@ -450,17 +519,22 @@ pub struct PathQuery {
     parents: bool,
 }
 
-type PathParam = Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>;
+impl QueryParams for PathQuery {
+    const PARAMS: &'static str = "path (required), recursive, parents";
+}
 
-fn path_query(q: PathParam) -> Result<PathQuery, ErrorReply> {
-    q.map(|Query(q)| q).map_err(|_| {
-        ErrorReply::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "query parameters: path (required), recursive, parents",
-        )
-        .with_details(json!({"field": "path"}))
-    })
+type PathParam = Query<PathQuery>;
+
+/// A file path is 1 to 4096 bytes without NUL (other bytes are legal in Linux file names,
+/// so a file with a newline in its name can still be read or removed).
+fn path_query(Query(q): PathParam) -> Result<PathQuery, ErrorReply> {
+    if q.path.is_empty() || q.path.len() > MAX_PATH_BYTES || q.path.contains('\0') {
+        return Err(invalid(
+            "path",
+            format!("`path` must be 1 to {MAX_PATH_BYTES} bytes without a NUL character"),
+        ));
+    }
+    Ok(q)
 }
 
 async fn file_op<F, T>(
@@ -519,7 +593,7 @@ pub async fn read_file(
     tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), ("path" = String, Query, description = "Under the home directory or /tmp")),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 204, description = "Written"), (status = 400, description = "invalid_request")),
+    responses((status = 204, description = "Written"), (status = 400, description = "invalid_request"), (status = 413, description = "payload_too_large: over 64 MiB")),
     security(("bearer" = []))
 )]
 pub async fn write_file(
@@ -527,7 +601,7 @@ pub async fn write_file(
     ActionCaller(caller): ActionCaller,
     Path(id): Path<String>,
     q: PathParam,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Response {
     let data = body.to_vec();
     match file_op(&state, &caller, &id, "files.write", q, move |a, i, q| {
@@ -555,7 +629,7 @@ pub async fn list_dir(
     Path(id): Path<String>,
     q: PathParam,
 ) -> Response {
-    let path = q.as_ref().map(|q| q.path.clone()).unwrap_or_default();
+    let path = q.0.path.clone();
     match file_op(&state, &caller, &id, "files.list", q, |a, i, q| {
         a.list_dir(i, &q.path)
     })

@@ -5,7 +5,7 @@
 //! returns the same sandbox with `egress.token_already_shown: true` and no token. `GET`,
 //! list, delete and replays show the proxy URL with `{token}` in its place.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use super::auth::Caller;
 use super::body::JsonBody;
+use super::extract::{Path, Query, QueryParams};
 use super::ApiState;
 use crate::error::ErrorReply;
 use crate::store::sandboxes::ListFilter;
@@ -44,10 +45,11 @@ fn not_found(id: &str) -> Response {
     responses(
         (status = 201, description = "Placed and running. The create that made the sandbox carries its egress token (`egress.token`, also in `egress.proxy_url` and the proxy variables of `egress.env` unless `egress.enforcement` is `namespace`) with `egress.token_already_shown: false`; this is the only time it is shown. An idempotent replay has no `egress.token`, `{token}` in its place in the proxy URL, and `egress.token_already_shown: true`", body = Object),
         (status = 202, description = "Accepted; placement continues in the background (pending, provisioning or reconciling). The token is shown as for 201", body = Object),
-        (status = 400, description = "invalid_request"),
+        (status = 400, description = "invalid_request with details.field = the field path: bytes after the JSON value, a duplicate key, an unknown field at any level, a mistyped value, a resource out of bounds (cpu in (0, 1024], memory_mb 1 to 16777216, disk_gb 1 to 65536, gpu at most 64), a weight or max_skew outside 1 to 1000, a name, label key or value with a control or invisible formatting character or over its length (names and keys 128 bytes, values 256), more than 64 entries in a list or map"),
         (status = 401, description = "unauthenticated"),
         (status = 403, description = "forbidden, policy_denied or billing_refused"),
         (status = 409, description = "idempotency_conflict"),
+        (status = 413, description = "payload_too_large: the body is over 1 MiB"),
         (status = 422, description = "no_eligible_provider with details.attempts[] = {provider, pool, unmet_requirements}"),
         (status = 503, description = "creation_failed: every candidate was tried; details.attempts lists each attempt"),
     ),
@@ -112,6 +114,19 @@ pub struct ListQuery {
     cursor: Option<String>,
 }
 
+impl QueryParams for ListQuery {
+    const PARAMS: &'static str = "workspace, state, label=key=value, limit (1 to 500), cursor";
+}
+
+/// Sandbox states a list can filter on.
+const STATES: &[&str] = super::sandbox_ops::ANY_STATE;
+
+fn invalid(field: &str, message: String) -> Response {
+    ErrorReply::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+        .with_details(json!({"field": field}))
+        .into_response()
+}
+
 /// Sandboxes of a workspace (the caller's unless `workspace` is given), oldest first.
 #[utoipa::path(
     get,
@@ -121,25 +136,44 @@ pub struct ListQuery {
         ("workspace" = Option<String>, Query, description = "Defaults to the caller's workspace"),
         ("state" = Option<String>, Query, description = "pending, provisioning, reconciling, running, failed, deleted"),
         ("label" = Option<String>, Query, description = "key=value"),
-        ("limit" = Option<u32>, Query, description = "Page size, 1 to 500 (default 100)"),
+        ("limit" = Option<u32>, Query, description = "Page size, 1 to 500 (default 100); outside that range is 400"),
         ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
     ),
-    responses((status = 200, description = "{sandboxes: [...], next_cursor}", body = Object)),
+    responses(
+        (status = 200, description = "{sandboxes: [...], next_cursor}", body = Object),
+        (status = 400, description = "invalid_request: an unknown, repeated or mistyped parameter, an unknown state, a label that is not key=value, a limit outside 1 to 500"),
+    ),
     security(("bearer" = []))
 )]
 pub async fn list(
     State(state): State<ApiState>,
     Caller(caller): Caller,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    Query(q): Query<ListQuery>,
 ) -> Response {
-    let Ok(Query(q)) = query else {
-        return ErrorReply::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "query parameters: workspace, state, label=key=value, limit, cursor",
-        )
-        .into_response();
-    };
+    use sandgate_router::{check_text, MAX_NAME_BYTES, MAX_VALUE_BYTES};
+    if let Some(problem) = q
+        .workspace
+        .as_deref()
+        .and_then(|w| check_text(w, MAX_NAME_BYTES, false))
+    {
+        return invalid("workspace", format!("`workspace` {problem}"));
+    }
+    if q.state.as_deref().is_some_and(|s| !STATES.contains(&s)) {
+        return invalid(
+            "state",
+            format!("`state` must be one of {}", STATES.join(", ")),
+        );
+    }
+    if q.limit.is_some_and(|l| !(1..=500).contains(&l)) {
+        return invalid("limit", "`limit` must be between 1 and 500".into());
+    }
+    if let Some(problem) = q
+        .cursor
+        .as_deref()
+        .and_then(|c| check_text(c, MAX_NAME_BYTES, false))
+    {
+        return invalid("cursor", format!("`cursor` {problem}"));
+    }
     let workspace = q.workspace.unwrap_or_else(|| caller.workspace.clone());
     if !caller.may_manage(&workspace) {
         return ErrorReply::new(
@@ -151,17 +185,18 @@ pub async fn list(
     }
     let label = match q.label.as_deref().map(|l| l.split_once('=')) {
         None => None,
-        Some(Some((k, v))) => Some((k.to_string(), v.to_string())),
-        Some(None) => {
-            return ErrorReply::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                "label must be key=value",
-            )
-            .into_response()
+        Some(Some((k, v))) => {
+            if let Some(problem) = check_text(k, MAX_NAME_BYTES, false)
+                .map(|p| format!("a key {p}"))
+                .or_else(|| check_text(v, MAX_VALUE_BYTES, true).map(|p| format!("a value {p}")))
+            {
+                return invalid("label", format!("`label`: {problem}"));
+            }
+            Some((k.to_string(), v.to_string()))
         }
+        Some(None) => return invalid("label", "`label` must be key=value".into()),
     };
-    let limit = q.limit.unwrap_or(100).clamp(1, 500);
+    let limit = q.limit.unwrap_or(100);
     let filter = ListFilter {
         workspace: Some(workspace),
         state: q.state,

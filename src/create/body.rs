@@ -1,6 +1,10 @@
 //! The create request body (`POST /v1/sandboxes`): the router's request plus the fields only
 //! creation uses (`workspace`, `credentials`). Unknown top-level fields are refused: a
-//! requirement sandgate does not understand must not be silently dropped.
+//! requirement sandgate does not understand must not be silently dropped (the router's
+//! request is flattened in, so the top level is closed by [`FIELDS`]; every nested object is
+//! `deny_unknown_fields`). Bounds the types cannot say are checked too
+//! ([`sandgate_router::Request::validate`], plus the names here): every error is a field path
+//! and what is allowed, never the value.
 
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +75,33 @@ impl CreateBody {
                 })
             }
         };
+        body.request.validate().map_err(|e| BodyError {
+            field: e.field,
+            message: e.message,
+        })?;
+        let name = |field: String, text: &str| match sandgate_router::check_text(
+            text,
+            sandgate_router::MAX_NAME_BYTES,
+            false,
+        ) {
+            Some(message) => Err(BodyError { field, message }),
+            None => Ok(()),
+        };
+        if let Some(workspace) = &body.workspace {
+            name("workspace".into(), workspace)?;
+        }
+        if let Some(snapshot) = &body.snapshot {
+            name("snapshot".into(), snapshot)?;
+        }
+        if body.credentials.len() > sandgate_router::MAX_ENTRIES {
+            return Err(BodyError {
+                field: "credentials".into(),
+                message: format!("must have at most {} entries", sandgate_router::MAX_ENTRIES),
+            });
+        }
+        for (i, credential) in body.credentials.iter().enumerate() {
+            name(format!("credentials[{i}]"), credential)?;
+        }
         for (i, domain) in body.request.network.allow_domains.iter().enumerate() {
             crate::domain::validate_pattern(domain).map_err(|message| BodyError {
                 field: format!("network.allow_domains[{i}]"),
@@ -156,6 +187,20 @@ mod tests {
         assert_eq!(err.field, "gpu_please");
         let err = CreateBody::parse(json!({"features": {"bogus": true}})).unwrap_err();
         assert!(err.field.starts_with("features"), "{}", err.field);
+    }
+
+    #[test]
+    fn bounds_are_checked_with_the_field_path() {
+        let field = |v| CreateBody::parse(v).unwrap_err().field;
+        assert_eq!(field(json!({"resources": {"cpu": -2}})), "resources.cpu");
+        assert_eq!(field(json!({"labels": {"a\u{0}": "b"}})), "labels");
+        assert_eq!(field(json!({"workspace": "w\n"})), "workspace");
+        assert_eq!(field(json!({"snapshot": ""})), "snapshot");
+        assert_eq!(
+            field(json!({"credentials": ["ok", "x\u{7}"]})),
+            "credentials[1]"
+        );
+        assert!(CreateBody::parse(json!({"resources": {"cpu": 0.5}, "labels": {"a": ""}})).is_ok());
     }
 
     #[test]
