@@ -5,8 +5,12 @@
 //!
 //! Baseline in the same run: `GET /healthz` round trips on the same connection pool.
 //!
+//! Each suite runs once per SQLite durability mode (`[store] synchronous`), `full` (the
+//! default) and `normal`, in the same run, so what a durable commit costs is read side by
+//! side.
+//!
 //! Run: `cargo bench --bench create` (optional env: `CREATE_BENCH_N`, default 2000;
-//! `CREATE_BENCH_CONCURRENCY`, default 16).
+//! `CREATE_BENCH_CONCURRENCY`, default 16; `CREATE_BENCH_SYNC`, default `full,normal`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -35,7 +39,7 @@ fn report(name: &str, mut samples: Vec<Duration>, wall: Duration) {
     );
 }
 
-async fn start(dir: &Path) -> Server {
+async fn start(dir: &Path, synchronous: &str) -> Server {
     let policy_dir = dir.join("policies");
     std::fs::create_dir_all(&policy_dir).unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
@@ -59,6 +63,7 @@ workspace = "ws-bench"
 ca_dir = {certs:?}
 [store]
 path = {db:?}
+synchronous = {synchronous:?}
 [secrets]
 master_key_file = {key:?}
 [policy]
@@ -104,9 +109,16 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(async move {
+    let modes = std::env::var("CREATE_BENCH_SYNC").unwrap_or_else(|_| "full,normal".into());
+    for mode in modes.split(',') {
+        runtime.block_on(suite(n, concurrency, mode.trim()));
+    }
+}
+
+async fn suite(n: usize, concurrency: usize, synchronous: &str) {
+    {
         let dir = tempfile::tempdir().unwrap();
-        let server = start(dir.path()).await;
+        let server = start(dir.path(), synchronous).await;
         let api = server.api_addr();
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(64)
@@ -129,7 +141,7 @@ fn main() {
             assert_eq!(r.status(), 201);
         }
 
-        println!("sandgate create benchmark: instant simulated pool, n={n}, sequential then {concurrency} concurrent");
+        println!("sandgate create benchmark: instant simulated pool, [store] synchronous = {synchronous:?}, n={n}, sequential then {concurrency} concurrent");
         let mut samples = Vec::with_capacity(n);
         let wall = Instant::now();
         for _ in 0..n {
@@ -138,7 +150,11 @@ fn main() {
             r.bytes().await.unwrap();
             samples.push(t.elapsed());
         }
-        report("baseline GET /healthz (sequential)", samples, wall.elapsed());
+        report(
+            "baseline GET /healthz (sequential)",
+            samples,
+            wall.elapsed(),
+        );
 
         let mut samples = Vec::with_capacity(n);
         let wall = Instant::now();
@@ -214,5 +230,5 @@ fn main() {
             wall.elapsed(),
         );
         server.shutdown();
-    });
+    }
 }

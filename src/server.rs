@@ -139,7 +139,7 @@ impl Server {
             config.policy.evaluator,
         )?);
         tracing::info!(dir = %config.policy.dir.display(), files = ?policy.status().files, "policy loaded");
-        let store = Store::open_sqlite(&config.store.path).await?;
+        let store = Store::open_sqlite_with(&config.store.path, config.store.synchronous).await?;
         let master_key = Arc::new(MasterKey::load(&config.secrets.master_key_file)?);
         let credentials =
             Arc::new(CredentialStore::load(master_key, store.clone(), &config.credentials).await?);
@@ -301,11 +301,17 @@ impl Server {
             sandboxes: sandboxes.clone(),
             execs: Default::default(),
         });
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(api_listener, app).await {
-                tracing::error!(error = %e, "API server stopped");
-            }
-        }));
+        let limits = crate::api::listener::Limits {
+            max_connections: config.api.max_connections,
+            max_connections_per_ip: config.api.max_connections_per_ip,
+            header_read_timeout: Duration::from_secs(config.api.header_read_timeout_secs),
+            idle_timeout: Duration::from_secs(config.api.idle_timeout_secs),
+        };
+        tasks.push(tokio::spawn(crate::api::listener::serve(
+            api_listener,
+            app,
+            limits,
+        )));
         if config.policy.reload_interval_ms > 0 {
             tasks.push(
                 policy.spawn_reloader(Duration::from_millis(config.policy.reload_interval_ms)),
@@ -401,6 +407,37 @@ fn ensure_policy_dir(dir: &Path) -> Result<(), StartError> {
     }
     tracing::info!(dir = %dir.display(), "policy directory did not exist; wrote the bundled policies");
     Ok(())
+}
+
+/// Raises the soft descriptor limit (`RLIMIT_NOFILE`) to the hard limit and reports whether
+/// the configured connection limits fit in it: each proxy connection may take two
+/// descriptors (client and upstream), each API connection one, plus some for the store,
+/// logs and listeners. Returns `(limit, needed)`. When they do not fit, the process would run
+/// out of descriptors before its own limits shed load, which is what lets one flood stop
+/// everything else.
+pub fn descriptor_budget(config: &Config) -> (u64, u64) {
+    let needed =
+        (config.proxy.max_connections as u64) * 2 + config.api.max_connections as u64 + 256;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write to/read from the struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return (0, needed);
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    (limit.rlim_cur, needed)
 }
 
 #[cfg(test)]

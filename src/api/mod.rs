@@ -14,6 +14,7 @@ pub mod credentials;
 pub mod delegations;
 pub mod extract;
 pub mod identities;
+pub mod listener;
 pub mod policies;
 pub mod routes;
 pub mod sandbox_ops;

@@ -625,3 +625,118 @@ pub async fn tls_over(
         .connect(ServerName::try_from(sni.to_string()).unwrap(), stream)
         .await
 }
+
+/// A `sandgate serve` process started by a test; killed when dropped.
+pub struct Served {
+    pub child: std::process::Child,
+    pub proxy: SocketAddr,
+    pub api: SocketAddr,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `command` (the `sandgate` binary, or a wrapper that execs it) and waits for the
+/// line announcing the proxy and API addresses.
+pub fn serve_process(mut command: std::process::Command) -> Served {
+    use std::io::BufRead;
+    command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("sandgate starts");
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let stderr = child.stderr.take().unwrap();
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = lines.lock().unwrap().iter().find_map(|l| {
+            let rest = l.strip_prefix("sandgate: proxy on http://")?;
+            let proxy = rest.split_whitespace().next()?.to_string();
+            let api = rest
+                .split("API on http://")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .to_string();
+            Some((proxy, api))
+        });
+        if let Some((proxy, api)) = found {
+            return Served {
+                child,
+                proxy: proxy.parse().unwrap(),
+                api: api.trim().parse().unwrap(),
+                stderr: lines,
+            };
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("sandgate exited with {status}: {:?}", lines.lock().unwrap());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sandgate did not start: {:?}",
+            lines.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A config for `sandgate serve` with everything under `dir`: the bundled policies copied
+/// there, listeners on ephemeral loopback ports, loopback exempt from the private-address
+/// guard, and `extra` appended (its own tables: `[proxy]` and `[api]` keys go in `proxy`
+/// and `api`).
+pub fn process_config(dir: &Path, proxy: &str, api: &str, extra: &str) -> String {
+    let policies = dir.join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap()
+    {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "rego") {
+            std::fs::copy(&path, policies.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let p = |name: &str| dir.join(name).display().to_string();
+    format!(
+        r#"
+[proxy]
+listen = "127.0.0.1:0"
+{proxy}
+[api]
+listen = "127.0.0.1:0"
+{api}
+[tls]
+ca_dir = {certs:?}
+[policy]
+dir = {policies:?}
+[log]
+decisions = {decisions:?}
+[store]
+path = {db:?}
+[secrets]
+master_key_file = {key:?}
+[local]
+dir = {local:?}
+snapshot_dir = {snaps:?}
+{extra}
+"#,
+        certs = p("certs"),
+        policies = p("policies"),
+        decisions = p("decisions.jsonl"),
+        db = p("data/sandgate.db"),
+        key = p("data/master.key"),
+        local = p("local/sandboxes"),
+        snaps = p("local/snapshots"),
+    )
+}
