@@ -638,7 +638,8 @@ async fn pause_stops_progress_resume_continues_and_delete_leaves_nothing_behind(
     let (_, _, code) = env
         .sh(
             id,
-            "(i=0; while true; do i=$((i+1)); echo $i > /home/user/count; sleep 0.05; done) >/dev/null 2>&1 &",
+            // Written then renamed, so a read never finds the file half-written (empty).
+            "(i=0; while true; do i=$((i+1)); echo $i > /home/user/count.tmp; mv /home/user/count.tmp /home/user/count; sleep 0.05; done) >/dev/null 2>&1 &",
         )
         .await;
     assert_eq!(code, 0);
