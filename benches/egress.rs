@@ -60,8 +60,20 @@ struct Settings {
     peers: bool,
     layout: Layout,
     origin: OriginMode,
+    /// What `SANDGATE_BENCH_SCENARIOS` selected, in run order.
+    scenarios: Vec<Scenario>,
+    /// Seconds of load per proxy in the `soak` scenario.
+    soak_secs: f64,
+    /// Open tunnels at which the `idle-tunnels` scenario measures, ascending.
+    tunnels: Vec<usize>,
+    /// `idle-tunnels` variants: CONNECT + TLS only, and/or one request on each tunnel.
+    tunnel_variants: Vec<TunnelVariant>,
+    /// The sandgate binary every sandgate process runs.
+    sandgate_bin: PathBuf,
     /// What was done about `RUST_BACKTRACE` (see `main`).
     backtrace_note: String,
+    /// The descriptor limit the bench (and so every process it starts) runs with.
+    nofile_note: String,
 }
 
 fn env_or<T: FromStr>(name: &str, default: T) -> T {
@@ -95,8 +107,39 @@ impl Settings {
                     panic!("SANDGATE_BENCH_ORIGIN={other:?}: expected process or in-process")
                 }
             },
+            scenarios: Scenario::from_env(),
+            soak_secs: env_or("SANDGATE_BENCH_SOAK_SECS", 150.0f64).max(10.0),
+            tunnels: {
+                let list =
+                    std::env::var("SANDGATE_BENCH_TUNNELS").unwrap_or_else(|_| "1000,10000".into());
+                let mut v: Vec<usize> = list
+                    .split(',')
+                    .map(|n| {
+                        n.trim().parse().unwrap_or_else(|_| {
+                            panic!(
+                                "SANDGATE_BENCH_TUNNELS={list:?}: expected counts like 1000,10000"
+                            )
+                        })
+                    })
+                    .filter(|&n| n > 0)
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                assert!(!v.is_empty(), "SANDGATE_BENCH_TUNNELS is empty");
+                v
+            },
+            tunnel_variants: TunnelVariant::from_env(),
+            sandgate_bin: std::env::var_os("SANDGATE_BENCH_SANDGATE_BIN").map_or_else(
+                || PathBuf::from(env!("CARGO_BIN_EXE_sandgate")),
+                PathBuf::from,
+            ),
             backtrace_note: String::new(),
+            nofile_note: String::new(),
         }
+    }
+
+    fn max_tunnels(&self) -> usize {
+        self.tunnels.last().copied().unwrap_or(0)
     }
 }
 
@@ -422,6 +465,49 @@ fn cpu_secs(pid: u32) -> Option<f64> {
     Some(ns as f64 / 1e9)
 }
 
+/// Raises this process's descriptor limit: the soft limit to the hard one, and as root both
+/// to `want` when the hard limit is lower (within `fs.nr_open`). Children inherit it.
+fn raise_nofile(want: u64) -> String {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes to the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return "descriptor limit unknown".into();
+    }
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(limit.rlim_max);
+    let mut tries = Vec::new();
+    if is_root() && limit.rlim_max < want {
+        let to = want.min(nr_open);
+        tries.push(libc::rlimit {
+            rlim_cur: to,
+            rlim_max: to,
+        });
+    }
+    tries.push(libc::rlimit {
+        rlim_cur: limit.rlim_max,
+        rlim_max: limit.rlim_max,
+    });
+    for raised in tries {
+        if raised.rlim_cur <= limit.rlim_cur && raised.rlim_max <= limit.rlim_max {
+            break;
+        }
+        // SAFETY: setrlimit reads the struct we own.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit = raised;
+            break;
+        }
+    }
+    format!(
+        "descriptor limit {} (hard {}) for this process and its children",
+        limit.rlim_cur, limit.rlim_max
+    )
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
@@ -454,10 +540,14 @@ fn wait_for_port(addr: SocketAddr, timeout: Duration) -> bool {
     false
 }
 
+/// Starts `bin` (`sandgate serve`) on a config written into `dir`; `proxy_extra` is added to
+/// its `[proxy]` table (TOML lines).
 fn start_sandgate(
     dir: &Path,
     origin_ca: &Path,
     layout: &Layout,
+    bin: &Path,
+    proxy_extra: &str,
 ) -> (ChildGuard, SocketAddr, Vec<u8>) {
     let ca_dir = dir.join("sandgate-certs");
     // The bundled policies, plus one rule: the `bench-tunnel` identity's CONNECTs pass
@@ -475,6 +565,7 @@ fn start_sandgate(
     let toml = format!(
         r#"[proxy]
 listen = "127.0.0.1:0"
+{proxy_extra}
 [api]
 listen = "127.0.0.1:0"
 [tls]
@@ -507,7 +598,7 @@ labels = {{ bench = "tunnel" }}
     );
     let config_path = dir.join("sandgate.toml");
     std::fs::write(&config_path, toml).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandgate"));
+    let mut cmd = Command::new(bin);
     layout.confine_proxy(&mut cmd);
     let mut child = cmd
         .arg("serve")
@@ -549,10 +640,12 @@ labels = {{ bench = "tunnel" }}
     (guard, addr, ca_pem)
 }
 
+/// Starts squid (ssl-bump) with its config in `dir`; `extra_conf` is appended to it.
 fn start_squid(
     dir: &Path,
     origin_ca: &Path,
     layout: &Layout,
+    extra_conf: &str,
 ) -> Result<(ChildGuard, SocketAddr, Vec<u8>), String> {
     let squid = which("squid").ok_or("squid is not installed")?;
     let certgen = [
@@ -613,7 +706,7 @@ via off
 forwarded_for delete
 workers 1
 pinger_enable off
-",
+{extra_conf}",
         certgen = certgen.display()
     );
     let conf_path = sdir.join("squid.conf");
@@ -1133,6 +1226,664 @@ async fn new_connections(route: &Arc<Route>, s: &Settings) -> (Sample, Option<St
 }
 
 // ---------------------------------------------------------------------------------------
+// Memory: a soak under keep-alive load, and idle intercepted tunnels (`soak`, `idle-tunnels`;
+// run only when named in SANDGATE_BENCH_SCENARIOS). Each starts proxies of its own, so what
+// they read is a fresh process's memory. Nothing here touches sandgate's API: its `/metrics`
+// is never scraped (a scrape drains the recorder's histogram samples, which would hide a
+// recorder that is never drained otherwise).
+
+/// How often the soak samples the proxy's memory.
+const SOAK_EVERY: Duration = Duration::from_secs(10);
+/// Tunnels opened at once by `idle-tunnels`.
+const OPEN_CONCURRENCY: usize = 32;
+/// Failed tunnel opens after which an `idle-tunnels` run stops where it is.
+const MAX_OPEN_ERRORS: u64 = 50;
+
+/// A process's resident memory, from `/proc/<pid>/status`, in KiB.
+#[derive(Clone, Copy, Debug)]
+struct Mem {
+    /// `VmRSS`: every resident page (anonymous + file-backed + shared memory).
+    rss: u64,
+    /// `RssAnon`: the resident heap and stacks, which is what grows or is given back.
+    anon: u64,
+}
+
+fn mem(pid: u32) -> Option<Mem> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some(Mem {
+        rss: field("VmRSS:")?,
+        anon: field("RssAnon:")?,
+    })
+}
+
+fn open_fds(pid: u32) -> Option<usize> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+}
+
+fn fmt_mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn fmt_mem(m: Option<Mem>) -> String {
+    m.map_or("-".into(), |m| {
+        format!("{} (anon {})", fmt_mib(m.rss), fmt_mib(m.anon))
+    })
+}
+
+/// A signed difference in KiB, as MiB.
+fn fmt_delta_mib(kib: i64) -> String {
+    format!("{:+.1} MiB", kib as f64 / 1024.0)
+}
+
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A route through a proxy started by the memory scenarios (HTTP/1.1 only).
+fn proxy_route(
+    name: &'static str,
+    origin: SocketAddr,
+    addr: SocketAddr,
+    pid: u32,
+    auth: Option<String>,
+    ca_pem: &[u8],
+) -> Route {
+    Route::new(
+        name,
+        origin,
+        Some(ProxyHop {
+            addr,
+            authority: format!("{HOST}:{}", origin.port()),
+            auth,
+            pid,
+        }),
+        ca_pem,
+        false,
+    )
+}
+
+struct SoakPoint {
+    secs: f64,
+    requests: u64,
+    mem: Option<Mem>,
+}
+
+struct SoakRun {
+    points: Vec<SoakPoint>,
+    requests: u64,
+    errors: u64,
+    first_error: Option<String>,
+    /// `SOAK_EVERY` after the load stopped and its connections closed.
+    after: Option<Mem>,
+}
+
+/// The keep-alive h1 client (`s.conns` connections, closed loop) for `s.soak_secs`, sampling
+/// the proxy's memory every `SOAK_EVERY`.
+async fn soak_run(route: &Route, s: &Settings) -> Result<SoakRun, BoxError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let pid = route.pid().expect("the soak runs through a proxy");
+    let target = Target::new(route);
+    let mut senders = Vec::new();
+    for _ in 0..s.conns {
+        senders.push(Sender::connect(route, false).await?);
+    }
+    let requests = Arc::new(AtomicU64::new(0));
+    let mut points = vec![SoakPoint {
+        secs: 0.0,
+        requests: 0,
+        mem: mem(pid),
+    }];
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(s.soak_secs);
+    let workers: Vec<_> = senders
+        .into_iter()
+        .map(|mut sender| {
+            let target = target.clone();
+            let requests = requests.clone();
+            tokio::spawn(async move {
+                let mut out = WorkerOut::default();
+                while Instant::now() < end {
+                    match sender.get(&target).await {
+                        Ok(()) => {
+                            requests.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            out.error(e);
+                            if sender.is_closed() {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                }
+                out // the connection closes with its sender, here
+            })
+        })
+        .collect();
+    for k in 1.. {
+        let at = (start + SOAK_EVERY * k).min(end);
+        tokio::time::sleep_until(at.into()).await;
+        let point = SoakPoint {
+            secs: (at - start).as_secs_f64(),
+            requests: requests.load(Ordering::Relaxed),
+            mem: mem(pid),
+        };
+        println!(
+            "  soak {:<8} t {:>4.0} s {:>12} requests  RSS {}",
+            route.name,
+            point.secs,
+            thousands(point.requests),
+            fmt_mem(point.mem)
+        );
+        points.push(point);
+        if at >= end {
+            break;
+        }
+    }
+    let (mut errors, mut first_error) = (0, None);
+    for w in workers {
+        let out = w.await.expect("soak worker panicked");
+        errors += out.errors;
+        first_error = first_error.or(out.first_error);
+    }
+    tokio::time::sleep(SOAK_EVERY).await;
+    let after = mem(pid);
+    println!(
+        "  soak {:<8} {}s after the load stopped (connections closed): RSS {}",
+        route.name,
+        SOAK_EVERY.as_secs(),
+        fmt_mem(after)
+    );
+    Ok(SoakRun {
+        points,
+        requests: requests.load(Ordering::Relaxed),
+        errors,
+        first_error,
+        after,
+    })
+}
+
+/// `soak`: sandgate, then squid, each fresh and alone on the proxy cores, under the same
+/// keep-alive h1 load; one table of their memory every `SOAK_EVERY`.
+async fn soak(s: &Settings, origin: SocketAddr, origin_ca: &Path) {
+    println!();
+    println!(
+        "soak: keep-alive h1 ({} conns, closed loop) for {:.0} s per proxy, RSS every {} s \
+         (/proc/<pid>/status VmRSS, RssAnon); sandgate's /metrics is never scraped",
+        s.conns,
+        s.soak_secs,
+        SOAK_EVERY.as_secs()
+    );
+    let mut runs: Vec<(&'static str, SoakRun)> = Vec::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (guard, addr, ca) = start_sandgate(dir.path(), origin_ca, &s.layout, &s.sandgate_bin, "");
+    let route = proxy_route(
+        "sandgate",
+        origin,
+        addr,
+        guard.pid(),
+        Some(basic("bench")),
+        &ca,
+    );
+    println!(
+        "sandgate pid {} ({})",
+        guard.pid(),
+        s.sandgate_bin.display()
+    );
+    let run = soak_run(&route, s).await.expect("soak through sandgate");
+    runs.push(("sandgate", run));
+    drop(guard);
+    if s.peers {
+        let dir = tempfile::tempdir().unwrap();
+        match start_squid(dir.path(), origin_ca, &s.layout, "") {
+            Ok((guard, addr, ca)) => {
+                let route = proxy_route("squid", origin, addr, guard.pid(), None, &ca);
+                println!("squid pid {} (ssl-bump; its main process)", guard.pid());
+                match soak_run(&route, s).await {
+                    Ok(run) => runs.push(("squid", run)),
+                    Err(e) => println!("squid skipped: {e}"),
+                }
+            }
+            Err(e) => println!("squid skipped: {e}"),
+        }
+    } else {
+        println!("squid skipped: SANDGATE_BENCH_PEERS=0");
+    }
+
+    println!();
+    let mut header = vec!["t".to_string()];
+    for (name, _) in &runs {
+        header.push(format!("{name} requests"));
+        header.push(format!("{name} RSS (anon)"));
+    }
+    let mut cells = vec![header];
+    let rows = runs.iter().map(|(_, r)| r.points.len()).max().unwrap_or(0);
+    for i in 0..rows {
+        let secs = runs
+            .iter()
+            .find_map(|(_, r)| r.points.get(i).map(|p| p.secs));
+        let mut row = vec![secs.map_or("-".into(), |t| format!("{t:.0} s"))];
+        for (_, run) in &runs {
+            match run.points.get(i) {
+                Some(p) => {
+                    row.push(thousands(p.requests));
+                    row.push(fmt_mem(p.mem));
+                }
+                None => row.extend(["-".to_string(), "-".to_string()]),
+            }
+        }
+        cells.push(row);
+    }
+    let mut after = vec![format!("+{} s idle", SOAK_EVERY.as_secs())];
+    for (_, run) in &runs {
+        after.push("(closed)".into());
+        after.push(fmt_mem(run.after));
+    }
+    cells.push(after);
+    print_grid(&cells);
+    println!();
+    for (name, run) in &runs {
+        let rss = |p: &SoakPoint| p.mem.map_or(0, |m| m.rss) as i64;
+        let (first, last) = (&run.points[0], &run.points[run.points.len() - 1]);
+        // From the first sample under load: the warm-up (buffers, pools, caches) excluded.
+        let warm = run.points.get(1).unwrap_or(first);
+        let per_request = |from: &SoakPoint| {
+            let n = run.requests.saturating_sub(from.requests).max(1);
+            (rss(last) - rss(from)) as f64 * 1024.0 / n as f64
+        };
+        // The least-squares slope of RSS over requests from the first sample under load on:
+        // a steady leak shows as a steady slope, the sawtooth of freeing and reuse does not.
+        let trend: Vec<(f64, f64)> = run.points[1..]
+            .iter()
+            .map(|p| (p.requests as f64, rss(p) as f64 * 1024.0))
+            .collect();
+        let slope = {
+            let n = trend.len() as f64;
+            let (mx, my) = (
+                trend.iter().map(|p| p.0).sum::<f64>() / n,
+                trend.iter().map(|p| p.1).sum::<f64>() / n,
+            );
+            let sxx: f64 = trend.iter().map(|p| (p.0 - mx).powi(2)).sum();
+            let sxy: f64 = trend.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+            if sxx > 0.0 {
+                sxy / sxx
+            } else {
+                f64::NAN
+            }
+        };
+        println!(
+            "  {name:<8} {} requests ({:.0} req/s), errors {}{}; RSS start {} end {}: growth {} = {:.1} B/request; \
+             from t={:.0} s: {} = {:.2} B/request, trend (least squares over the samples) {:.2} B/request; \
+             {} s after the load: {}",
+            thousands(run.requests),
+            run.requests as f64 / s.soak_secs,
+            run.errors,
+            run.first_error
+                .as_ref()
+                .map_or(String::new(), |e| format!(" (first: {e})")),
+            fmt_mib(rss(first) as u64),
+            fmt_mib(rss(last) as u64),
+            fmt_delta_mib(rss(last) - rss(first)),
+            per_request(first),
+            warm.secs,
+            fmt_delta_mib(rss(last) - rss(warm)),
+            per_request(warm),
+            slope,
+            SOAK_EVERY.as_secs(),
+            fmt_mem(run.after),
+        );
+    }
+}
+
+/// What each `idle-tunnels` tunnel carries before it is left idle.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum TunnelVariant {
+    /// `CONNECT` + TLS handshake with the proxy's minted leaf, nothing more.
+    Handshake,
+    /// The same, then one HTTP/1.1 request (so the proxy's upstream side exists too).
+    Request,
+}
+
+impl TunnelVariant {
+    fn from_env() -> Vec<TunnelVariant> {
+        let list = std::env::var("SANDGATE_BENCH_TUNNEL_VARIANTS")
+            .unwrap_or_else(|_| "handshake,request".into());
+        list.split(',')
+            .map(|v| match v.trim() {
+                "handshake" => TunnelVariant::Handshake,
+                "request" => TunnelVariant::Request,
+                other => panic!(
+                    "SANDGATE_BENCH_TUNNEL_VARIANTS: unknown variant {other:?}; known: handshake,request"
+                ),
+            })
+            .collect()
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            TunnelVariant::Handshake => "CONNECT+TLS",
+            TunnelVariant::Request => "CONNECT+TLS+1 request",
+        }
+    }
+}
+
+/// An open tunnel, held by the client and left idle (dropping it closes the tunnel).
+type Held = Box<dyn std::any::Any + Send>;
+
+async fn open_held(route: Arc<Route>, variant: TunnelVariant) -> Result<Held, BoxError> {
+    // A proxy out of descriptors leaves connections in its backlog, never answered.
+    tokio::time::timeout(Duration::from_secs(30), open_held_now(route, variant))
+        .await
+        .map_err(|_| "no answer within 30 s")?
+}
+
+async fn open_held_now(route: Arc<Route>, variant: TunnelVariant) -> Result<Held, BoxError> {
+    match variant {
+        TunnelVariant::Handshake => Ok(Box::new(open(&route, false).await?)),
+        TunnelVariant::Request => {
+            let mut sender = Sender::connect(&route, false).await?;
+            sender.get(&Target::new(&route)).await?;
+            Ok(Box::new(sender))
+        }
+    }
+}
+
+struct Stage {
+    label: String,
+    tunnels: usize,
+    fds: Option<usize>,
+    mem: Option<Mem>,
+}
+
+impl Stage {
+    fn take(label: impl Into<String>, tunnels: usize, pid: u32) -> Stage {
+        let stage = Stage {
+            label: label.into(),
+            tunnels,
+            fds: open_fds(pid),
+            mem: mem(pid),
+        };
+        println!(
+            "    {:<34} tunnels {:>6}  fds {:>6}  RSS {}",
+            stage.label,
+            stage.tunnels,
+            stage.fds.map_or("-".into(), |f| f.to_string()),
+            fmt_mem(stage.mem)
+        );
+        stage
+    }
+}
+
+/// Opens tunnels up to each of `checkpoints`, measuring the proxy at each, then closes them
+/// all and measures what is left: at once, a while later, and after a little new traffic.
+async fn idle_run(route: &Arc<Route>, variant: TunnelVariant, checkpoints: &[usize]) -> Vec<Stage> {
+    let pid = route.pid().expect("idle tunnels go through a proxy");
+    let settle = Duration::from_secs(2);
+    // Warm-up: the leaf is minted and cached, the upstream pool exists, the workers have run.
+    match open_held(route.clone(), TunnelVariant::Request).await {
+        Ok(held) => drop(held),
+        Err(e) => {
+            println!("    {} skipped: warm-up tunnel failed: {e}", route.name);
+            return Vec::new();
+        }
+    }
+    tokio::time::sleep(settle).await;
+    let mut stages = vec![Stage::take("before (after one warm-up tunnel)", 0, pid)];
+    let before_fds = stages[0].fds.unwrap_or(0);
+    let mut held: Vec<Held> = Vec::with_capacity(checkpoints.last().copied().unwrap_or(0));
+    let (mut errors, mut first_error) = (0u64, None::<String>);
+    let started = Instant::now();
+    'checkpoints: for &goal in checkpoints {
+        while held.len() < goal {
+            let mut batch = tokio::task::JoinSet::new();
+            for _ in 0..OPEN_CONCURRENCY.min(goal - held.len()) {
+                batch.spawn(open_held(route.clone(), variant));
+            }
+            while let Some(result) = batch.join_next().await {
+                match result.expect("open task panicked") {
+                    Ok(h) => held.push(h),
+                    Err(e) => {
+                        errors += 1;
+                        first_error.get_or_insert_with(|| e.to_string());
+                    }
+                }
+            }
+            if errors >= MAX_OPEN_ERRORS {
+                println!(
+                    "    stopped at {} tunnels: {errors} opens failed (first: {})",
+                    held.len(),
+                    first_error.as_deref().unwrap_or("")
+                );
+                break 'checkpoints;
+            }
+        }
+        tokio::time::sleep(settle).await;
+        stages.push(Stage::take(
+            format!(
+                "{goal} open, idle ({:.0} s in)",
+                started.elapsed().as_secs_f64()
+            ),
+            held.len(),
+            pid,
+        ));
+    }
+    if errors > 0 {
+        println!(
+            "    {errors} tunnel opens failed (first: {})",
+            first_error.unwrap_or_default()
+        );
+    }
+    drop(held);
+    // The proxy has closed its side once its descriptors are back near where they were.
+    let closed = Instant::now();
+    while open_fds(pid).is_some_and(|n| n > before_fds + 64) && closed.elapsed().as_secs() < 30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stages.push(Stage::take(
+        format!(
+            "all closed, +{:.0} s",
+            closed.elapsed().as_secs_f64().round()
+        ),
+        0,
+        pid,
+    ));
+    tokio::time::sleep_until((closed + Duration::from_secs(10)).into()).await;
+    stages.push(Stage::take("all closed, +10 s", 0, pid));
+    // New traffic after the close: memory an allocator frees lazily, on its next calls, goes
+    // back here; what is still held after this is kept for good.
+    let target = Target::new(route);
+    if let Ok(mut sender) = Sender::connect(route, false).await {
+        for _ in 0..200 {
+            if sender.get(&target).await.is_err() {
+                break;
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stages.push(Stage::take("then 200 requests on 1 new tunnel", 0, pid));
+    stages
+}
+
+/// `idle-tunnels`: for each variant, a fresh sandgate (and squid), N idle intercepted tunnels.
+async fn idle_tunnels(s: &Settings, origin: SocketAddr, origin_ca: &Path) {
+    println!();
+    let limit = s.max_tunnels() + 1024;
+    println!(
+        "idle-tunnels: {} intercepted tunnels held idle ({} opened at once), variants {}; a fresh \
+         proxy per variant; sandgate with [proxy] max_connections = max_tunnels_per_identity = {limit}, \
+         header_read_timeout_secs = idle_timeout_secs = 3600 (the defaults, 10 s and 300 s, would close idle tunnels)",
+        s.tunnels
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(", then "),
+        OPEN_CONCURRENCY,
+        s.tunnel_variants
+            .iter()
+            .map(|v| v.label())
+            .collect::<Vec<_>>()
+            .join(" / ")
+    );
+    let sandgate_extra = format!(
+        "max_connections = {limit}\nmax_tunnels_per_identity = {limit}\n\
+         header_read_timeout_secs = 3600\nidle_timeout_secs = 3600"
+    );
+    let squid_extra = format!(
+        "max_filedescriptors {}\nclient_idle_pconn_timeout 60 minutes\nrequest_start_timeout 60 minutes\n\
+         pconn_timeout 60 minutes\nread_timeout 60 minutes\n",
+        4 * limit + 4096
+    );
+    // A bumped squid connection holds two descriptors (client and server side), and squid
+    // stops accepting when it has none left: its tunnels are capped to what the limit allows.
+    let nofile = {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes to the struct we own.
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) };
+        l.rlim_cur as usize
+    };
+    let squid_cap = nofile.saturating_sub(512) / 2;
+    let mut squid_tunnels: Vec<usize> = s
+        .tunnels
+        .iter()
+        .copied()
+        .filter(|&n| n <= squid_cap)
+        .collect();
+    if squid_tunnels.len() < s.tunnels.len() {
+        squid_tunnels.push(squid_cap);
+        if s.peers {
+            println!(
+                "  squid capped at {squid_cap} tunnels: two descriptors each under a limit of {nofile} \
+                 (the hard limit here; raising it needs CAP_SYS_RESOURCE)"
+            );
+        }
+    }
+    let mut results: Vec<(&'static str, TunnelVariant, Vec<Stage>)> = Vec::new();
+    for &variant in &s.tunnel_variants {
+        let dir = tempfile::tempdir().unwrap();
+        let (guard, addr, ca) = start_sandgate(
+            dir.path(),
+            origin_ca,
+            &s.layout,
+            &s.sandgate_bin,
+            &sandgate_extra,
+        );
+        println!(
+            "  sandgate pid {} ({}), {}",
+            guard.pid(),
+            s.sandgate_bin.display(),
+            variant.label()
+        );
+        let route = Arc::new(proxy_route(
+            "sandgate",
+            origin,
+            addr,
+            guard.pid(),
+            Some(basic("bench")),
+            &ca,
+        ));
+        results.push((
+            "sandgate",
+            variant,
+            idle_run(&route, variant, &s.tunnels).await,
+        ));
+        drop(guard);
+        if !s.peers {
+            continue;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        match start_squid(dir.path(), origin_ca, &s.layout, &squid_extra) {
+            Ok((guard, addr, ca)) => {
+                println!(
+                    "  squid pid {} (ssl-bump), {}",
+                    guard.pid(),
+                    variant.label()
+                );
+                let route = Arc::new(proxy_route("squid", origin, addr, guard.pid(), None, &ca));
+                results.push((
+                    "squid",
+                    variant,
+                    idle_run(&route, variant, &squid_tunnels).await,
+                ));
+            }
+            Err(e) => println!("  squid skipped: {e}"),
+        }
+    }
+
+    println!();
+    let mut cells = vec![[
+        "proxy",
+        "tunnels carry",
+        "stage",
+        "open",
+        "proxy fds",
+        "RSS (anon)",
+        "Δ RSS from before",
+        "per tunnel",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for (name, variant, stages) in &results {
+        let Some(before) = stages.first().and_then(|st| st.mem) else {
+            continue;
+        };
+        let peak = stages
+            .iter()
+            .filter_map(|st| st.mem.map(|m| m.rss))
+            .max()
+            .unwrap_or(before.rss);
+        for st in stages {
+            let delta = st.mem.map(|m| m.rss as i64 - before.rss as i64);
+            let per = match (delta, st.tunnels) {
+                (Some(d), n) if n > 0 => format!("{:.1} KiB", d as f64 / n as f64),
+                (Some(d), 0)
+                    if st.label.starts_with("all closed") || st.label.starts_with("then") =>
+                {
+                    let grown = peak as i64 - before.rss as i64;
+                    if grown > 0 {
+                        format!("{:.0}% of the growth kept", 100.0 * d as f64 / grown as f64)
+                    } else {
+                        "-".into()
+                    }
+                }
+                _ => "-".into(),
+            };
+            cells.push(vec![
+                name.to_string(),
+                variant.label().into(),
+                st.label.clone(),
+                st.tunnels.to_string(),
+                st.fds.map_or("-".into(), |f| f.to_string()),
+                fmt_mem(st.mem),
+                delta.map_or("-".into(), fmt_delta_mib),
+                per,
+            ]);
+        }
+    }
+    print_grid(&cells);
+}
+
+// ---------------------------------------------------------------------------------------
 // Policy evaluation, in this process, with the bundled policies
 
 struct PolicyFigures {
@@ -1248,9 +1999,44 @@ enum Scenario {
     NewConnections,
     ModerateH1,
     ModerateH2,
+    /// Memory under minutes of keep-alive load (not run by default).
+    Soak,
+    /// Memory per idle intercepted tunnel, and after they close (not run by default).
+    IdleTunnels,
 }
 
 impl Scenario {
+    /// What a run without `SANDGATE_BENCH_SCENARIOS` measures: the table's rows.
+    const STANDARD: [Scenario; 5] = [
+        Scenario::KeepAliveH1,
+        Scenario::KeepAliveH2,
+        Scenario::NewConnections,
+        Scenario::ModerateH1,
+        Scenario::ModerateH2,
+    ];
+    /// Memory scenarios, run only when named: minutes each, and their own proxies.
+    const EXTRA: [Scenario; 2] = [Scenario::Soak, Scenario::IdleTunnels];
+
+    fn from_env() -> Vec<Scenario> {
+        let known = || Scenario::STANDARD.iter().chain(&Scenario::EXTRA).copied();
+        let Ok(list) = std::env::var("SANDGATE_BENCH_SCENARIOS") else {
+            return Scenario::STANDARD.to_vec();
+        };
+        let wanted: Vec<&str> = list.split(',').map(str::trim).collect();
+        for w in &wanted {
+            assert!(
+                known().any(|s| s.key() == *w),
+                "SANDGATE_BENCH_SCENARIOS: unknown scenario {w:?}; known: {}",
+                known().map(Scenario::key).collect::<Vec<_>>().join(",")
+            );
+        }
+        known().filter(|s| wanted.contains(&s.key())).collect()
+    }
+
+    fn is_standard(self) -> bool {
+        Scenario::STANDARD.contains(&self)
+    }
+
     fn label(self) -> &'static str {
         match self {
             Scenario::KeepAliveH1 => "keep-alive h1",
@@ -1258,6 +2044,8 @@ impl Scenario {
             Scenario::NewConnections => "new TLS conns",
             Scenario::ModerateH1 => "moderate h1",
             Scenario::ModerateH2 => "moderate h2",
+            Scenario::Soak => "soak",
+            Scenario::IdleTunnels => "idle tunnels",
         }
     }
 
@@ -1269,6 +2057,8 @@ impl Scenario {
             Scenario::NewConnections => "newconn",
             Scenario::ModerateH1 => "moderate-h1",
             Scenario::ModerateH2 => "moderate-h2",
+            Scenario::Soak => "soak",
+            Scenario::IdleTunnels => "idle-tunnels",
         }
     }
 }
@@ -1351,6 +2141,11 @@ fn print_table(rows: &[Row], peer_names: &[&str]) {
             v
         }))
         .collect();
+    print_grid(&cells);
+}
+
+/// A markdown table; the first row is the header.
+fn print_grid(cells: &[Vec<String>]) {
     let cols = cells[0].len();
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -1415,6 +2210,14 @@ fn main() {
             set.join(" ")
         )
     };
+    // Before any child exists, so that sandgate, the origin and the peers inherit it: with
+    // idle-tunnels each of them holds one or two descriptors per tunnel.
+    let want = if settings.scenarios.contains(&Scenario::IdleTunnels) {
+        (4 * settings.max_tunnels() as u64 + 8192).max(65_536)
+    } else {
+        0
+    };
+    settings.nofile_note = raise_nofile(want);
     sandgate::tls::install_default_provider();
     // Before the runtime exists, so that its workers inherit the affinity.
     settings.layout.confine_bench();
@@ -1448,32 +2251,81 @@ async fn run(s: Settings) {
         mc = s.moderate_conns,
         pi = s.policy_iters,
     );
-    println!("{}", s.backtrace_note);
-    println!("(env: SANDGATE_BENCH_SECS, _WARMUP_SECS, _REPEATS, _CONNS, _H2_CONNS, _H2_STREAMS, _NEWCONN_CONCURRENCY, _MODERATE_CONNS, _MODERATE_RATE, _POLICY_ITERS, _PEERS=0, _KEEP_BACKTRACE=1, _LAYOUT=split|shared, _ORIGIN=process|in-process, _SCENARIOS=keepalive-h1,keepalive-h2,newconn,moderate-h1,moderate-h2)");
+    println!("{}; {}", s.backtrace_note, s.nofile_note);
+    println!("(env: SANDGATE_BENCH_SECS, _WARMUP_SECS, _REPEATS, _CONNS, _H2_CONNS, _H2_STREAMS, _NEWCONN_CONCURRENCY, _MODERATE_CONNS, _MODERATE_RATE, _POLICY_ITERS, _PEERS=0, _KEEP_BACKTRACE=1, _LAYOUT=split|shared, _ORIGIN=process|in-process, _SANDGATE_BIN, _SCENARIOS=keepalive-h1,keepalive-h2,newconn,moderate-h1,moderate-h2 [+ soak, idle-tunnels: _SOAK_SECS, _TUNNELS, _TUNNEL_VARIANTS])");
+    let standard: Vec<Scenario> = s
+        .scenarios
+        .iter()
+        .copied()
+        .filter(|sc| sc.is_standard())
+        .collect();
+    println!(
+        "scenarios: {}",
+        s.scenarios
+            .iter()
+            .map(|sc| sc.key())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     println!();
 
     // Policy first, while the machine is quiet.
-    let policy = policy_bench(&s);
+    let policy = (!standard.is_empty()).then(|| policy_bench(&s));
 
     let dir = tempfile::tempdir().unwrap();
     let origin_ca = Ca::new("sandgate bench origin CA");
     let origin_ca_path = dir.path().join("origin-ca.pem");
     std::fs::write(&origin_ca_path, &origin_ca.cert_pem).unwrap();
     let (origin, origin_process) = origin(s.origin, &origin_ca, dir.path()).await;
-    let origin_authority = format!("{HOST}:{}", origin.port());
     if let Some(process) = &origin_process {
         let _ = ORIGIN_PID.set(process.pid());
     }
+    println!(
+        "origin https://{HOST}:{} (127.0.0.1), {}",
+        origin.port(),
+        match &origin_process {
+            Some(p) => format!(
+                "its own process (pid {}) on the bench cores (SANDGATE_BENCH_ORIGIN=in-process puts it in the load generator's process)",
+                p.pid()
+            ),
+            None => "in the load generator's process (SANDGATE_BENCH_ORIGIN=in-process)".into(),
+        },
+    );
 
-    let (sandgate, sandgate_addr, sandgate_ca) =
-        start_sandgate(dir.path(), &origin_ca_path, &s.layout);
+    if let Some(policy) = policy {
+        standard_scenarios(&s, &standard, &policy, origin, &origin_ca, dir.path()).await;
+    }
+    let origin_ca_path = origin_ca_path.as_path();
+    if s.scenarios.contains(&Scenario::Soak) {
+        soak(&s, origin, origin_ca_path).await;
+    }
+    if s.scenarios.contains(&Scenario::IdleTunnels) {
+        idle_tunnels(&s, origin, origin_ca_path).await;
+    }
+    drop(origin_process);
+}
+
+fn basic(id: &str) -> String {
     use base64::Engine as _;
-    let basic = |id: &str| {
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("{id}:{TOKEN}"))
-        )
-    };
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{id}:{TOKEN}"))
+    )
+}
+
+/// The table's scenarios (the default run): every route against one sandgate and the peers.
+async fn standard_scenarios(
+    s: &Settings,
+    scenarios: &[Scenario],
+    policy: &PolicyFigures,
+    origin: SocketAddr,
+    origin_ca: &Ca,
+    dir: &Path,
+) {
+    let origin_authority = format!("{HOST}:{}", origin.port());
+    let origin_ca_path = dir.join("origin-ca.pem");
+    let (sandgate, sandgate_addr, sandgate_ca) =
+        start_sandgate(dir, &origin_ca_path, &s.layout, &s.sandgate_bin, "");
     let auth = basic("bench");
     let mut routes: Vec<Arc<Route>> = vec![
         Arc::new(Route::new(
@@ -1511,26 +2363,15 @@ async fn run(s: Settings) {
             true,
         )),
     ];
-    println!(
-        "origin https://{origin_authority} (127.0.0.1), {}; sandgate pid {} proxy {sandgate_addr}",
-        match &origin_process {
-            Some(p) => format!(
-                "its own process (pid {}) on the bench cores (SANDGATE_BENCH_ORIGIN=in-process puts it in the load generator's process)",
-                p.pid()
-            ),
-            None => "in the load generator's process (SANDGATE_BENCH_ORIGIN=in-process)".into(),
-        },
-        sandgate.pid()
-    );
+    println!("sandgate pid {} proxy {sandgate_addr}", sandgate.pid());
 
     // Peers, measured with the same client code when installed.
     let mut guards = vec![sandgate];
-    guards.extend(origin_process);
     // The ceiling route first, then the peers: each gets a column with its ratio to direct.
     let mut peer_names: Vec<&'static str> = vec![TUNNEL_ROUTE];
     let mut skipped: Vec<String> = Vec::new();
     if s.peers {
-        match start_squid(dir.path(), &origin_ca_path, &s.layout) {
+        match start_squid(dir, &origin_ca_path, &s.layout, "") {
             Ok((guard, addr, ca)) => {
                 routes.push(Arc::new(Route::new(
                     "squid",
@@ -1553,7 +2394,7 @@ async fn run(s: Settings) {
             }
             Err(e) => skipped.push(format!("squid skipped: {e}")),
         }
-        match start_mitmdump(dir.path(), &origin_ca_path, &s.layout) {
+        match start_mitmdump(dir, &origin_ca_path, &s.layout) {
             Ok((guard, addr, ca)) => {
                 // mitmproxy resolves with the system resolver, which does not know the
                 // bench name: CONNECT to the address; SNI and Host still carry the name.
@@ -1617,30 +2458,7 @@ async fn run(s: Settings) {
     println!();
 
     let mut results: Results = BTreeMap::new();
-    let all = [
-        Scenario::KeepAliveH1,
-        Scenario::KeepAliveH2,
-        Scenario::NewConnections,
-        Scenario::ModerateH1,
-        Scenario::ModerateH2,
-    ];
-    let scenarios: Vec<Scenario> = match std::env::var("SANDGATE_BENCH_SCENARIOS") {
-        Ok(list) => {
-            let wanted: Vec<&str> = list.split(',').map(str::trim).collect();
-            for w in &wanted {
-                assert!(
-                    all.iter().any(|s| s.key() == *w),
-                    "SANDGATE_BENCH_SCENARIOS: unknown scenario {w:?}; known: {}",
-                    all.map(Scenario::key).join(",")
-                );
-            }
-            all.into_iter()
-                .filter(|s| wanted.contains(&s.key()))
-                .collect()
-        }
-        Err(_) => all.to_vec(),
-    };
-    for &scenario in &scenarios {
+    for &scenario in scenarios {
         for rep in 1..=s.repeats {
             for route in &routes {
                 let h2 = matches!(scenario, Scenario::KeepAliveH2 | Scenario::ModerateH2);
@@ -1648,11 +2466,14 @@ async fn run(s: Settings) {
                     continue;
                 }
                 let (sample, error) = match scenario {
-                    Scenario::KeepAliveH1 => keepalive(route, false, &s).await,
-                    Scenario::KeepAliveH2 => keepalive(route, true, &s).await,
-                    Scenario::NewConnections => new_connections(route, &s).await,
-                    Scenario::ModerateH1 => moderate(route, false, &s).await,
-                    Scenario::ModerateH2 => moderate(route, true, &s).await,
+                    Scenario::KeepAliveH1 => keepalive(route, false, s).await,
+                    Scenario::KeepAliveH2 => keepalive(route, true, s).await,
+                    Scenario::NewConnections => new_connections(route, s).await,
+                    Scenario::ModerateH1 => moderate(route, false, s).await,
+                    Scenario::ModerateH2 => moderate(route, true, s).await,
+                    Scenario::Soak | Scenario::IdleTunnels => {
+                        unreachable!("memory scenarios run on their own proxies")
+                    }
                 };
                 let unit = if scenario == Scenario::NewConnections {
                     "conn/s"
@@ -1850,7 +2671,7 @@ async fn run(s: Settings) {
     println!(
         "CPU during the measured windows (median of repeats; cores = CPU-seconds per second):"
     );
-    for &scenario in &scenarios {
+    for &scenario in scenarios {
         for route in &routes {
             if let Some(x) = get(&results, scenario, route.name) {
                 let per = |cores: f64| cores / x.rate * 1e6;
