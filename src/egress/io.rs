@@ -29,6 +29,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for PrefixedIo<T> {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if self.prefix.is_empty() {
+                // An emptied `Bytes` still owns its buffer: let the 4 KiB sniff buffer go
+                // rather than keep it for the tunnel's whole life.
+                self.prefix = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)
