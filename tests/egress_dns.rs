@@ -7,12 +7,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -21,22 +19,9 @@ use tokio::net::TcpListener;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandgate");
 
-struct Serve {
-    child: Child,
-    proxy: SocketAddr,
-    api: SocketAddr,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `sandgate serve` with `hosts` bind-mounted over `/etc/hosts` in a mount namespace of
 /// its own.
-fn serve(dir: &Path, config: &str, hosts: &Path) -> Serve {
+fn serve(dir: &Path, config: &str, hosts: &Path) -> Served {
     let config_path = dir.join("sandgate.toml");
     std::fs::write(&config_path, config).unwrap();
     let script = format!(
@@ -44,52 +29,12 @@ fn serve(dir: &Path, config: &str, hosts: &Path) -> Serve {
         hosts.display(),
         config_path.display()
     );
-    let mut child = Command::new("unshare")
+    let mut command = Command::new("unshare");
+    command
         .args(["--mount", "--propagation", "private", "sh", "-c", &script])
         .current_dir(dir)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("unshare runs");
-    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
-    let stderr = child.stderr.take().unwrap();
-    let sink = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            sink.lock().unwrap().push(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let found = lines.lock().unwrap().iter().find_map(|l| {
-            let rest = l.strip_prefix("sandgate: proxy on http://")?;
-            let proxy = rest.split_whitespace().next()?.to_string();
-            let api = rest
-                .split("API on http://")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .to_string();
-            Some((proxy, api))
-        });
-        if let Some((proxy, api)) = found {
-            return Serve {
-                child,
-                proxy: proxy.trim_end_matches(',').parse().unwrap(),
-                api: api.trim().parse().unwrap(),
-            };
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("sandgate exited with {status}: {:?}", lines.lock().unwrap());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sandgate did not start: {:?}",
-            lines.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        .env("RUST_LOG", "info");
+    serve_process(command)
 }
 
 /// A TLS origin on `addr` that counts the connections it accepts and answers `who` to any
@@ -141,19 +86,8 @@ async fn twin_listeners() -> (TcpListener, TcpListener) {
 }
 
 fn config(dir: &Path, ca: &TestCa) -> String {
-    let policies = dir.join("policies");
-    std::fs::create_dir_all(&policies).unwrap();
-    for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap()
-    {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "rego") {
-            std::fs::copy(&path, policies.join(path.file_name().unwrap())).unwrap();
-        }
-    }
     // An address-based rule: rebind.test may only be reached at 127.0.0.1.
-    std::fs::write(
-        policies.join("pinned_ip.rego"),
-        r#"package sandgate.egress
+    let policy = r#"package sandgate.egress
 import rego.v1
 
 deny contains "rebind.test is allowed at 127.0.0.1 only" if {
@@ -161,32 +95,15 @@ deny contains "rebind.test is allowed at 127.0.0.1 only" if {
 	input.destination.ip != null
 	input.destination.ip != "127.0.0.1"
 }
-"#,
-    )
-    .unwrap();
-    let p = |name: &str| dir.join(name).display().to_string();
-    format!(
-        r#"
-[proxy]
-listen = "127.0.0.1:0"
-[api]
-listen = "127.0.0.1:0"
-[tls]
-ca_dir = {certs:?}
-upstream_ca_files = [{ca:?}]
+"#;
+    let config = process_config(
+        dir,
+        "",
+        "",
+        &format!(
+            r#"
 [dns]
 cache_ttl_secs = 0
-[policy]
-dir = {policies:?}
-[log]
-decisions = {decisions:?}
-[store]
-path = {db:?}
-[secrets]
-master_key_file = {key:?}
-[local]
-dir = {local:?}
-snapshot_dir = {snaps:?}
 [egress]
 allow_private = ["127.0.0.0/8"]
 [[egress.identities]]
@@ -194,16 +111,18 @@ id = "sb-a"
 token = "{TOKEN}"
 workspace = "ws-a"
 allow_domains = ["rebind.test", "self.test"]
-"#,
-        certs = p("certs"),
-        ca = ca.pem_path.display().to_string(),
-        policies = p("policies"),
-        decisions = p("decisions.jsonl"),
-        db = p("data/sandgate.db"),
-        key = p("data/master.key"),
-        local = p("local/sandboxes"),
-        snaps = p("local/snapshots"),
+"#
+        ),
     )
+    .replace(
+        "[tls]\n",
+        &format!(
+            "[tls]\nupstream_ca_files = [{:?}]\n",
+            ca.pem_path.display().to_string()
+        ),
+    );
+    std::fs::write(dir.join("policies/pinned_ip.rego"), policy).unwrap();
+    config
 }
 
 #[tokio::test]
