@@ -225,6 +225,25 @@ pub struct ProxyConfig {
     /// connection, its requests and their upstream connections stay on one thread, so no
     /// request crosses threads (see `egress::workers`). 0: one per core available.
     pub workers: usize,
+    /// A second proxy listener that speaks TLS (an `https://` proxy), for sandboxes that
+    /// reach sandgate across a network (hosted providers): their proxy credentials then
+    /// never cross it in clear. The same proxy as `listen` (identities, policy, limits).
+    pub tls_listen: Option<SocketAddr>,
+    /// The TLS listener's certificate chain (PEM), with `tls_key_file`; both or neither.
+    /// Without them the certificate is issued by sandgate's own CA for `public_name`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM: PKCS#8, PKCS#1 or SEC1) of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+    /// The DNS name or IP address the TLS listener's certificate is issued for by sandgate's
+    /// own CA (the interception CA sandboxes trust anyway), when no certificate files are
+    /// given. Defaults to the host of `public_url`.
+    pub public_name: Option<String>,
+    /// The proxy address hosted sandboxes are given (their `HTTP(S)_PROXY` is this with
+    /// `<id>:<token>@` added), e.g. `https://gw.example.com:3129`: an `http` or `https` URL
+    /// with a host and an explicit port and nothing else.
+    pub public_url: Option<String>,
+    /// Seconds a client of the TLS listener may take to complete its TLS handshake.
+    pub tls_handshake_timeout_secs: u64,
 }
 
 impl Default for ProxyConfig {
@@ -239,7 +258,190 @@ impl Default for ProxyConfig {
             tunnel_max_secs: 6 * 3600,
             connect_timeout_secs: 10,
             workers: 0,
+            tls_listen: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            public_name: None,
+            public_url: None,
+            tls_handshake_timeout_secs: 10,
         }
+    }
+}
+
+/// Where the TLS proxy listener's certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProxyCertificate {
+    /// `tls_cert_file` and `tls_key_file`.
+    Files { cert: PathBuf, key: PathBuf },
+    /// Issued (and renewed) by sandgate's CA for this DNS name or IP address.
+    Issued { name: String },
+}
+
+/// `[proxy] public_url`, checked: scheme, host and port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicUrl {
+    /// `http` or `https`.
+    pub scheme: String,
+    /// The host as written (an IPv6 address keeps its brackets).
+    pub host: String,
+    pub port: u16,
+}
+
+impl PublicUrl {
+    /// Parses an `http(s)://host:port` URL (an optional trailing `/`, nothing else).
+    pub fn parse(text: &str) -> Result<PublicUrl, String> {
+        let uri: http::Uri = text
+            .parse()
+            .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+        let scheme = match uri.scheme_str().map(str::to_ascii_lowercase).as_deref() {
+            Some(s @ ("http" | "https")) => s.to_string(),
+            _ => return Err(format!("{text:?}: the scheme must be https (or http)")),
+        };
+        let Some(authority) = uri.authority() else {
+            return Err(format!("{text:?} has no host"));
+        };
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "{text:?} carries credentials; each sandbox's are added to it"
+            ));
+        }
+        let host = authority.host();
+        if host.is_empty() {
+            return Err(format!("{text:?} has no host"));
+        }
+        let Some(port) = authority.port_u16() else {
+            return Err(format!("{text:?} needs an explicit port"));
+        };
+        if port == 0 {
+            return Err(format!("{text:?}: port 0 is not a port"));
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(format!(
+                "{text:?}: a proxy URL has no path or query, only scheme, host and port"
+            ));
+        }
+        Ok(PublicUrl {
+            scheme,
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    /// `scheme://host:port`
+    pub fn base(&self) -> String {
+        format!("{}://{}:{}", self.scheme, self.host, self.port)
+    }
+}
+
+impl ProxyConfig {
+    /// The TLS listener's certificate source, when `tls_listen` is set (after validation).
+    pub fn tls_certificate(&self) -> Option<ProxyCertificate> {
+        self.tls_listen?;
+        if let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) {
+            return Some(ProxyCertificate::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            });
+        }
+        let name = self.public_name.clone().or_else(|| {
+            let url = PublicUrl::parse(self.public_url.as_deref()?).ok()?;
+            Some(url.host.trim_start_matches('[').trim_end_matches(']').to_string())
+        })?;
+        Some(ProxyCertificate::Issued { name })
+    }
+
+    /// `public_url`, parsed (after validation).
+    pub fn public_url(&self) -> Option<PublicUrl> {
+        PublicUrl::parse(self.public_url.as_deref()?).ok()
+    }
+
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        if let Some(url) = &self.public_url {
+            PublicUrl::parse(url).map_err(|m| ConfigError::invalid("proxy.public_url", m))?;
+        }
+        if let Some(name) = &self.public_name {
+            check_public_name(name).map_err(|m| ConfigError::invalid("proxy.public_name", m))?;
+        }
+        if self.tls_handshake_timeout_secs == 0 {
+            return Err(ConfigError::invalid(
+                "proxy.tls_handshake_timeout_secs",
+                "must be at least 1",
+            ));
+        }
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) => {
+                return Err(ConfigError::invalid(
+                    "proxy.tls_key_file",
+                    "required with proxy.tls_cert_file (set both or neither)",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::invalid(
+                    "proxy.tls_cert_file",
+                    "required with proxy.tls_key_file (set both or neither)",
+                ))
+            }
+            _ => {}
+        }
+        let Some(tls_listen) = self.tls_listen else {
+            for (key, set) in [
+                ("proxy.tls_cert_file", self.tls_cert_file.is_some()),
+                ("proxy.public_name", self.public_name.is_some()),
+            ] {
+                if set {
+                    return Err(ConfigError::invalid(
+                        key,
+                        "has no effect without proxy.tls_listen",
+                    ));
+                }
+            }
+            return Ok(());
+        };
+        if tls_listen == self.listen && tls_listen.port() != 0 {
+            return Err(ConfigError::invalid(
+                "proxy.tls_listen",
+                "must differ from proxy.listen",
+            ));
+        }
+        if self.tls_cert_file.is_some() {
+            if self.public_name.is_some() {
+                return Err(ConfigError::invalid(
+                    "proxy.public_name",
+                    "names the certificate sandgate issues; with proxy.tls_cert_file the certificate is yours (set one or the other)",
+                ));
+            }
+            return Ok(());
+        }
+        match self.tls_certificate() {
+            Some(ProxyCertificate::Issued { name }) => check_public_name(&name)
+                .map_err(|m| ConfigError::invalid("proxy.public_url", m)),
+            _ => Err(ConfigError::invalid(
+                "proxy.public_name",
+                "proxy.tls_listen needs a certificate: set public_name (or public_url) for one issued by sandgate's CA, or tls_cert_file and tls_key_file",
+            )),
+        }
+    }
+}
+
+/// A name a certificate can be issued for: an IP address or a DNS name (no wildcard).
+fn check_public_name(name: &str) -> Result<(), String> {
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    if bare.parse::<IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{name:?} is not a DNS name or IP address"))
     }
 }
 
@@ -498,6 +700,7 @@ impl Config {
                 "must be at least 1024",
             ));
         }
+        self.proxy.validate_tls()?;
         if self.tls.leaf_validity_hours == 0 || self.tls.leaf_validity_hours > 24 * 90 {
             return Err(ConfigError::invalid(
                 "tls.leaf_validity_hours",
@@ -626,13 +829,7 @@ impl Config {
                     kind: Some(sandgate_router::ProviderKind::Local),
                     capabilities: None,
                 }],
-                accounts: vec![sandgate_router::AccountConfig {
-                    name: "local".into(),
-                    provider: "local".into(),
-                    credential: None,
-                    billing: Default::default(),
-                    labels: BTreeMap::new(),
-                }],
+                accounts: vec![sandgate_router::AccountConfig::new("local", "local")],
                 pools: vec![sandgate_router::PoolConfig {
                     name: "local".into(),
                     provider: "local".into(),
@@ -653,11 +850,57 @@ impl Config {
                 }],
             };
         }
+        let mut pools = self.pools.clone();
+        // A hosted pool whose adapter locks its sandboxes to the gateway enforces egress
+        // through it, once the gateway has an address those sandboxes can reach.
+        if self.proxy.public_url.is_some() {
+            for pool in pools.iter_mut().filter(|p| p.egress.is_none()) {
+                let Some(provider) = self.providers.iter().find(|p| p.name == pool.provider) else {
+                    continue;
+                };
+                let declared = provider.capabilities.as_ref().and_then(|c| c.egress);
+                let kind = provider
+                    .kind
+                    .or_else(|| sandgate_router::ProviderKind::from_name(&provider.name));
+                if declared.is_none() && kind.is_some_and(crate::providers::hosted::locks_to_gateway) {
+                    pool.egress = Some(sandgate_router::EgressEnforcement::Gateway);
+                }
+            }
+        }
         sandgate_router::RouterConfig {
             providers: self.providers.clone(),
             accounts: self.accounts.clone(),
-            pools: self.pools.clone(),
+            pools,
         }
+    }
+
+    /// A hosted pool's egress enforcement must be what its adapter does: `gateway` needs
+    /// `[proxy] public_url` (the address its sandboxes are given), and no adapter enforces
+    /// domain lists natively.
+    fn validate_hosted(&self, topology: &sandgate_router::Topology) -> Result<(), ConfigError> {
+        for (i, pool) in topology.pools().iter().enumerate() {
+            let kind = topology.providers()[pool.provider].kind;
+            if !crate::providers::hosted::has_adapter(kind) {
+                continue;
+            }
+            let key = format!("pools[{i}].egress");
+            match pool.capabilities.egress {
+                sandgate_router::EgressEnforcement::Gateway if self.proxy.public_url.is_none() => {
+                    return Err(ConfigError::invalid(
+                        key,
+                        format!("pool {}: egress through the gateway needs [proxy] public_url, the proxy address its hosted sandboxes reach", pool.name),
+                    ))
+                }
+                sandgate_router::EgressEnforcement::Native => {
+                    return Err(ConfigError::invalid(
+                        key,
+                        format!("pool {}: the {} adapter locks sandboxes to the gateway (\"gateway\") or only gives them the proxy variables (\"advisory\"); it does not enforce egress natively", pool.name, kind.as_str()),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Whether the topology is the embedded default (no `[[providers]]`, `[[accounts]]` or
@@ -692,6 +935,7 @@ impl Config {
                 ConfigError::invalid(format!("{key}.{field}"), message)
             })?;
         }
+        self.validate_hosted(&topology)?;
         if self.local.proxy_port == 0 {
             return Err(ConfigError::invalid("local.proxy_port", "must not be 0"));
         }

@@ -55,3 +55,18 @@ impl ErrorReply {
         response
     }
 }
+
+/// An error and its sources on one line, each part once (`a: b: c`).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}

@@ -57,6 +57,14 @@ enum Command {
         #[arg(long, short, env = "SANDGATE_CONFIG", global = true)]
         config: Option<PathBuf>,
     },
+    /// Check hosted provider accounts from a configuration file's `[[accounts]]`.
+    Provider {
+        #[command(subcommand)]
+        command: sandgate::cli::ProviderCommand,
+        /// TOML configuration file.
+        #[arg(long, short, env = "SANDGATE_CONFIG", global = true)]
+        config: Option<PathBuf>,
+    },
     /// Show sandgate end to end in one command (no network, no account; needs root): a
     /// local sandbox, an allowed and a blocked HTTPS origin, an injected credential, and no
     /// route around the proxy.
@@ -141,6 +149,10 @@ fn main() -> anyhow::Result<()> {
         Command::Route { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
             std::process::exit(sandgate::cli::route(command, &config)?)
+        }
+        Command::Provider { command, config } => {
+            let config = Config::load(config.as_deref()).context("invalid configuration")?;
+            std::process::exit(sandgate::cli::provider(command, &config)?)
         }
         Command::Policy { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;

@@ -46,7 +46,7 @@ pub enum StartError {
     #[error("config key `pools`: {0}")]
     Routing(String),
     #[error(transparent)]
-    Simulated(#[from] crate::providers::simulated::SimulatedError),
+    Providers(#[from] crate::providers::RegistryError),
     #[error("the local API token file {path}: {source}")]
     LocalToken {
         path: PathBuf,
@@ -54,8 +54,15 @@ pub enum StartError {
     },
     #[error("local provider: {0}")]
     Local(String),
+    #[error("reading the CA certificate {path}: {source}")]
+    CaFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("decision log: {0}")]
     DecisionLog(std::io::Error),
+    #[error(transparent)]
+    ProxyTls(#[from] crate::egress::ListenerCertError),
     #[error("starting the proxy worker threads: {0}")]
     ProxyWorkers(std::io::Error),
     #[error("writing the bundled policies to {dir}: {source}")]
@@ -106,6 +113,7 @@ pub const BUNDLED_POLICIES: &[(&str, &str)] = &[
 
 pub struct Server {
     proxy_addr: SocketAddr,
+    proxy_tls_addr: Option<SocketAddr>,
     api_addr: SocketAddr,
     ca_cert_path: PathBuf,
     pub egress: Arc<EgressState>,
@@ -149,25 +157,23 @@ impl Server {
         )?);
 
         let proxy_listener = bind("proxy", config.proxy.listen).await?;
+        let proxy_tls_listener = match config.proxy.tls_listen {
+            Some(addr) => Some(bind("proxy_tls", addr).await?),
+            None => None,
+        };
         let api_listener = bind("api", config.api.listen).await?;
-        let proxy_addr = proxy_listener
-            .local_addr()
-            .map_err(|source| StartError::Bind {
-                what: "proxy",
-                addr: config.proxy.listen,
-                source,
-            })?;
-        let api_addr = api_listener
-            .local_addr()
-            .map_err(|source| StartError::Bind {
-                what: "api",
-                addr: config.api.listen,
-                source,
-            })?;
+        let proxy_addr = local_addr("proxy", config.proxy.listen, &proxy_listener)?;
+        let proxy_tls_addr = match (&proxy_tls_listener, config.proxy.tls_listen) {
+            (Some(listener), Some(addr)) => Some(local_addr("proxy_tls", addr, listener)?),
+            _ => None,
+        };
+        let api_addr = local_addr("api", config.api.listen, &api_listener)?;
 
+        // Every listener is sandgate itself: never a destination.
+        let own_listeners = [Some(proxy_addr), proxy_tls_addr, Some(api_addr)];
         let guard = AddressGuard::new(
             config.egress.allow_private.clone(),
-            vec![proxy_addr, api_addr],
+            own_listeners.into_iter().flatten().collect(),
         );
         let resolver = Arc::new(Resolver::new(
             config.dns.hosts.clone(),
@@ -179,6 +185,7 @@ impl Server {
             Duration::from_secs(config.tls.leaf_validity_hours * 3600),
             config.tls.leaf_cache_capacity,
         ));
+        let proxy_tls = crate::egress::tls_server_config(&config.proxy, &minter)?;
         let upstream_tls = crate::tls::upstream_client_config(&config.tls.upstream_ca_files)?;
         let log = DecisionLog::start(Sink::parse(&config.log.decisions))
             .map_err(StartError::DecisionLog)?
@@ -195,7 +202,7 @@ impl Server {
                 credentials: credentials.clone(),
                 log,
             },
-            upstream_tls,
+            upstream_tls.clone(),
         )?);
 
         let workers = crate::egress::workers::count(config.proxy.workers);
@@ -205,6 +212,13 @@ impl Server {
             .map_err(StartError::ProxyWorkers)?;
         tracing::debug!(workers, "proxy worker threads started");
         let mut tasks = Vec::new();
+        if let (Some(listener), Some(tls)) = (proxy_tls_listener, proxy_tls) {
+            tasks.push(tokio::spawn(crate::egress::serve_tls(
+                listener,
+                egress.clone(),
+                tls,
+            )));
+        }
         let mut router_config = config.router_config();
         let wants_local = router_config.providers.iter().any(|p| {
             p.kind
@@ -236,7 +250,7 @@ impl Server {
                 .compile()
                 .map_err(|e| StartError::Routing(e.to_string()))?,
         );
-        let mut providers = crate::providers::ProviderRegistry::from_config(&config, &topology)?;
+        let mut providers = crate::providers::ProviderRegistry::from_config(&config, &topology, &upstream_tls)?;
         let local_pools: Vec<String> = topology
             .pools()
             .iter()
@@ -281,6 +295,7 @@ impl Server {
             proxy_addr,
             ca_cert_path: ca_cert_path.clone(),
             local_proxy_port: config.local.proxy_port,
+            remote: remote_gateway(&config, &ca_cert_path)?,
         });
         let restored = sandboxes.restore().await?;
         if restored > 0 {
@@ -317,9 +332,15 @@ impl Server {
                 policy.spawn_reloader(Duration::from_millis(config.policy.reload_interval_ms)),
             );
         }
-        tracing::info!(proxy = %proxy_addr, api = %api_addr, "sandgate is serving");
+        tracing::info!(
+            proxy = %proxy_addr,
+            proxy_tls = proxy_tls_addr.map(tracing::field::display),
+            api = %api_addr,
+            "sandgate is serving"
+        );
         Ok(Server {
             proxy_addr,
+            proxy_tls_addr,
             api_addr,
             ca_cert_path,
             egress,
@@ -331,6 +352,11 @@ impl Server {
 
     pub fn proxy_addr(&self) -> SocketAddr {
         self.proxy_addr
+    }
+
+    /// The TLS proxy listener's address (`[proxy] tls_listen`), when there is one.
+    pub fn proxy_tls_addr(&self) -> Option<SocketAddr> {
+        self.proxy_tls_addr
     }
 
     pub fn api_addr(&self) -> SocketAddr {
@@ -380,6 +406,22 @@ pub fn local_token_file(config: &Config) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("api-token"))
 }
 
+/// `[proxy] public_url` and the CA hosted sandboxes are given (none without a public URL).
+fn remote_gateway(
+    config: &Config,
+    ca_cert_path: &std::path::Path,
+) -> Result<Option<crate::create::RemoteGateway>, StartError> {
+    let Some(url) = config.proxy.public_url() else {
+        return Ok(None);
+    };
+    let ca_pem =
+        std::fs::read_to_string(ca_cert_path).map_err(|source| StartError::CaFile {
+            path: ca_cert_path.to_path_buf(),
+            source,
+        })?;
+    Ok(Some(crate::create::RemoteGateway { url, ca_pem }))
+}
+
 fn host_memory_mb() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
@@ -390,6 +432,17 @@ fn host_memory_mb() -> Option<u64> {
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
+        .map_err(|source| StartError::Bind { what, addr, source })
+}
+
+/// The address `listener` (bound for `addr`) actually got: the port, when `addr`'s is 0.
+fn local_addr(
+    what: &'static str,
+    addr: SocketAddr,
+    listener: &TcpListener,
+) -> Result<SocketAddr, StartError> {
+    listener
+        .local_addr()
         .map_err(|source| StartError::Bind { what, addr, source })
 }
 

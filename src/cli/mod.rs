@@ -1,13 +1,17 @@
 //! Client subcommands of the `sandgate` binary: `sandbox create|get|list|delete` talk to a
 //! running gateway's API (`SANDGATE_URL`, `SANDGATE_TOKEN`); `route explain` answers offline
-//! from a configuration file. Output is the API's JSON, pretty-printed on stdout; an API
+//! from a configuration file; `provider check` calls a hosted account once. Output is the API's JSON, pretty-printed on stdout; an API
 //! error is printed on stdout too (it is JSON) and the exit status is 1.
+
+mod provider;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Subcommand;
 use serde_json::Value;
+
+pub use provider::{provider, ProviderCommand};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {

@@ -20,6 +20,9 @@
 //! and no duplicate instance is kept.
 
 pub mod body;
+mod remote;
+
+pub use remote::{Endpoint, RemoteGateway};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -31,7 +34,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use sandgate_router::{
-    Bands, ExistingSandbox, NoEligible, PoolStats, ProviderKind, Request, RouteContext, Topology,
+    Bands, EgressEnforcement, ExistingSandbox, NoEligible, PoolStats, ProviderKind, Request,
+    RouteContext, Topology,
 };
 
 use crate::api::auth::Principal;
@@ -41,7 +45,8 @@ use crate::error::ErrorReply;
 use crate::identity::{Identity, IdentityRegistry};
 use crate::policy::PolicyEngine;
 use crate::providers::{
-    CreateSpec, ErrorClass, InstanceState, Outcome, ProviderError, ProviderRegistry, Tags,
+    CreateSpec, ErrorClass, InstanceState, Outcome, ProviderError, ProviderRegistry, RemoteEgress,
+    Tags,
 };
 use crate::store::sandboxes::{
     AbandonedRow, AttemptEnd, AttemptRow, IdempotencyClaim, InsertOutcome, ListFilter, SandboxRow,
@@ -98,6 +103,9 @@ pub struct Placement {
     pub region: Option<String>,
     pub zone: Option<String>,
     pub instance_id: String,
+    /// The provider's native egress settings the adapter applied (its own field names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lockdown: Option<Value>,
 }
 
 /// Everything the coordinator needs.
@@ -113,6 +121,8 @@ pub struct CreateDeps {
     pub ca_cert_path: PathBuf,
     /// The proxy port inside local sandboxes (`[local] proxy_port`).
     pub local_proxy_port: u16,
+    /// `[proxy] public_url` and the CA, for hosted sandboxes (none: they are not given one).
+    pub remote: Option<RemoteGateway>,
 }
 
 pub struct Coordinator {
@@ -528,11 +538,12 @@ impl Coordinator {
         let mut body = view;
         body["egress"]["token_already_shown"] = json!(token.is_none());
         if let Some(token) = token {
+            // A local sandbox's proxy is inside it and needs no credentials.
+            let endpoint = self.endpoint(body["placement"]["pool"].as_str(), id);
             let egress = &mut body["egress"];
             egress["token"] = json!(token);
-            // A local sandbox's proxy is inside it and needs no credentials.
-            if egress["enforcement"] != "namespace" {
-                let url = format!("http://{}:{}@{}", id, token, self.deps.proxy_addr);
+            if endpoint.takes_token() {
+                let url = endpoint.url_with(token);
                 egress["proxy_url"] = json!(url);
                 if let Some(env) = egress["env"].as_object_mut() {
                     for var in crate::localbox::PROXY_ENV_VARS {
@@ -586,25 +597,12 @@ impl Coordinator {
                 })
             })
             .collect();
-        // A local sandbox reaches its own listener inside its namespace, with the CA placed
-        // inside it; the environment shown is the one it was given.
-        let local = placement["pool"]
-            .as_str()
-            .and_then(|p| self.deps.topology.pool(p))
-            .is_some_and(|p| {
-                self.deps.topology.providers()[p.provider].kind
-                    == sandgate_router::ProviderKind::Local
-            });
-        let (proxy_base, proxy, ca) = if local {
-            let base = format!("http://127.0.0.1:{}", self.deps.local_proxy_port);
-            (base.clone(), base, crate::localbox::CA_PATH.to_string())
-        } else {
-            (
-                format!("http://{}", self.deps.proxy_addr),
-                format!("http://{}:{{token}}@{}", row.id, self.deps.proxy_addr),
-                self.deps.ca_cert_path.display().to_string(),
-            )
-        };
+        let endpoint = self.endpoint(placement["pool"].as_str(), &row.id);
+        let (proxy_base, proxy, ca) = (
+            endpoint.base.clone(),
+            endpoint.url_template.clone(),
+            endpoint.ca_path.clone(),
+        );
         let mut env = serde_json::Map::new();
         for var in crate::localbox::PROXY_ENV_VARS {
             env.insert(var.into(), json!(proxy));
@@ -627,7 +625,7 @@ impl Coordinator {
             "updated_ms": row.updated_ms,
             "egress": {
                 "identity": row.id,
-                "enforcement": if local { "namespace" } else { "proxy_credentials" },
+                "enforcement": endpoint.enforcement,
                 "proxy": proxy_base,
                 "proxy_url": proxy,
                 "ca_cert_path": ca,
@@ -1037,7 +1035,7 @@ impl Coordinator {
         let bound = topo
             .pool(&cand.pool)
             .and_then(|p| topo.accounts().get(p.account))
-            .is_some_and(|a| a.credential.is_some());
+            .is_some_and(|a| a.bound);
         if !bound && !matches!(kind, Some(ProviderKind::Simulated | ProviderKind::Local)) {
             let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
             self.end_attempt(
@@ -1086,6 +1084,10 @@ impl Coordinator {
         let deadline = attempt.started_ms + self.deps.config.provisioning_window_ms as i64;
         let backoff = self.deps.config.retry_backoff_ms as i64;
         let result = loop {
+            let egress = match self.remote_egress(job, cand) {
+                Ok(egress) => egress,
+                Err(e) => break Err(e),
+            };
             let spec = CreateSpec {
                 tags: Tags {
                     sandbox_id: job.row.id.clone(),
@@ -1096,11 +1098,12 @@ impl Coordinator {
                 request: job.request.clone(),
                 env: self.placeholder_env(&job.row.id, &job.row.workspace, &job.body),
                 snapshot: job.body.snapshot.clone(),
+                egress,
             };
             match adapter.create(spec).await {
-                Err(e) if e.class.retryable() && now_ms() + backoff < deadline => {
+                Err(e) if e.class.retryable() && now_ms() + wait_ms(&e, backoff) < deadline => {
                     tracing::info!(sandbox = %job.row.id, pool = %cand.pool, class = e.class.as_str(), "retrying on the same pool");
-                    tokio::time::sleep(Duration::from_millis(backoff as u64)).await;
+                    tokio::time::sleep(Duration::from_millis(wait_ms(&e, backoff) as u64)).await;
                 }
                 other => break other,
             }
@@ -1337,6 +1340,7 @@ impl Coordinator {
             .await;
             return Ok(Step::Advance);
         }
+        let lockdown = self.lockdown(job, cand);
         let now = now_ms();
         let latency = (now - attempt.started_ms) as f64;
         self.samples
@@ -1354,7 +1358,7 @@ impl Coordinator {
                 instance_id,
                 pool: &cand.pool,
                 latency_ms: latency,
-                placement_json: &placement_json(cand, instance_id),
+                placement_json: &placement_json(cand, instance_id, lockdown),
                 now_ms: now,
             })
             .await?;
@@ -1382,7 +1386,7 @@ impl Coordinator {
         attempt: &AttemptRow,
         instance_id: &str,
     ) -> Result<(), StoreError> {
-        let placement_json = placement_json(cand, instance_id);
+        let placement_json = placement_json(cand, instance_id, self.lockdown(job, cand));
         let placed = self
             .deps
             .store
@@ -1435,6 +1439,90 @@ impl Coordinator {
             }
         }
         env
+    }
+
+    /// Where the sandbox on `pool` reaches its proxy (see [`remote`]).
+    pub fn endpoint(&self, pool: Option<&str>, sandbox_id: &str) -> Endpoint {
+        let topo = &self.deps.topology;
+        let pool = pool.and_then(|p| topo.pool(p));
+        let kind = pool.map(|p| topo.providers()[p.provider].kind);
+        if kind == Some(sandgate_router::ProviderKind::Local) {
+            let base = format!("http://127.0.0.1:{}", self.deps.local_proxy_port);
+            return Endpoint {
+                enforcement: "namespace",
+                base: base.clone(),
+                url_template: base,
+                ca_path: crate::localbox::CA_PATH.to_string(),
+            };
+        }
+        let adapter = pool.and_then(|p| self.deps.providers.for_pool(&p.name));
+        let hosted = (
+            self.deps.remote.as_ref(),
+            adapter.and_then(|a| a.ca_path()),
+            pool,
+        );
+        if let (Some(gateway), Some(ca_path), Some(pool)) = hosted {
+            let enforcement = match pool.capabilities.egress {
+                EgressEnforcement::Gateway => Some("gateway"),
+                EgressEnforcement::Advisory => Some("advisory"),
+                _ => None,
+            };
+            if let Some(enforcement) = enforcement {
+                return Endpoint {
+                    enforcement,
+                    base: gateway.url.base(),
+                    url_template: gateway.proxy_url(sandbox_id, "{token}"),
+                    ca_path: ca_path.to_string(),
+                };
+            }
+        }
+        Endpoint {
+            enforcement: "proxy_credentials",
+            base: format!("http://{}", self.deps.proxy_addr),
+            url_template: format!("http://{}:{{token}}@{}", sandbox_id, self.deps.proxy_addr),
+            ca_path: self.deps.ca_cert_path.display().to_string(),
+        }
+    }
+
+    /// The egress a hosted sandbox is created with on `cand`'s pool, when it is given the
+    /// public proxy (a `gateway` or `advisory` pool with `[proxy] public_url`).
+    /// What the adapter set natively for the sandbox's egress on `cand`'s pool (computed
+    /// from the same spec it was created with), for its placement record.
+    fn lockdown(&self, job: &Job, cand: &StoredCandidate) -> Option<Value> {
+        let adapter = self.deps.providers.for_pool(&cand.pool)?;
+        let egress = self.remote_egress(job, cand).ok()??;
+        adapter.lockdown(&egress)
+    }
+
+    /// Fails (never creates an open sandbox) when the token cannot be unsealed.
+    fn remote_egress(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+    ) -> Result<Option<RemoteEgress>, ProviderError> {
+        let endpoint = self.endpoint(Some(&cand.pool), &job.row.id);
+        let Some(gateway) = self.deps.remote.as_ref() else {
+            return Ok(None);
+        };
+        if !matches!(endpoint.enforcement, "gateway" | "advisory") {
+            return Ok(None);
+        }
+        let token = self
+            .deps
+            .credentials
+            .key()
+            .open(&job.row.token_sealed, &token_context(&job.row.id))
+            .map_err(|_| {
+                ProviderError::new(
+                    ErrorClass::FailedBeforeRunning,
+                    "the sandbox's egress token cannot be unsealed; not creating it without its lock-down",
+                )
+            })?;
+        Ok(Some(gateway.egress(
+            &job.row.id,
+            token.expose(),
+            endpoint.enforcement == "gateway",
+        )))
     }
 
     /// Registers the sandbox's egress identity with the proxy, exactly as static identities
@@ -1685,7 +1773,7 @@ impl Coordinator {
     }
 }
 
-fn placement_json(cand: &StoredCandidate, instance_id: &str) -> String {
+fn placement_json(cand: &StoredCandidate, instance_id: &str, lockdown: Option<Value>) -> String {
     serde_json::to_string(&Placement {
         pool: cand.pool.clone(),
         provider: cand.provider.clone(),
@@ -1693,6 +1781,7 @@ fn placement_json(cand: &StoredCandidate, instance_id: &str) -> String {
         region: cand.region.clone(),
         zone: cand.zone.clone(),
         instance_id: instance_id.to_string(),
+        lockdown,
     })
     .unwrap_or_default()
 }
@@ -1767,4 +1856,11 @@ pub fn no_eligible_reply(no: NoEligible) -> ErrorReply {
         no.message.clone(),
     )
     .with_details(serde_json::to_value(&no.details).unwrap_or_else(|_| json!({})))
+}
+
+/// How long to wait before retrying on the same pool: the configured backoff, or longer
+/// when the provider asked for it (`Retry-After`).
+fn wait_ms(error: &ProviderError, backoff_ms: i64) -> i64 {
+    let asked = error.retry_after.map_or(0, |d| d.as_millis() as i64);
+    backoff_ms.max(asked)
 }

@@ -1,6 +1,8 @@
 //! Accepting proxy clients: the connection limit, the per-connection HTTP/1.1 server, and
 //! the guarantees that hold whatever ends a connection task (gauges and permits are RAII, a
 //! panic while answering a request becomes a 500 and is counted, never an empty reply).
+//! The TLS listener ([`super::tls_listener`]) admits and serves its clients with the same
+//! pieces, after its handshake.
 
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
@@ -9,7 +11,8 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 
 use super::body::{reply, ProxyBody};
 use super::connect;
@@ -35,38 +38,64 @@ pub async fn serve_for(listener: TcpListener, state: Arc<EgressState>, identity_
 
 async fn accept_loop(listener: TcpListener, state: Arc<EgressState>, fixed: Option<Arc<str>>) {
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(conn) => conn,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "proxy accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let Ok(permit) = state.connections.clone().try_acquire_owned() else {
-            metrics::counter!("sandgate_proxy_connections_shed_total").increment(1);
-            tokio::spawn(crate::net::shed::overloaded(
-                stream,
-                "sandgate is at its connection limit",
-            ));
+        let (stream, peer) = next_client(&listener).await;
+        let Some(hold) = admit(&state) else {
+            tokio::spawn(crate::net::shed::overloaded(stream, SHED_MESSAGE));
             continue;
         };
-        let hold = Hold::connection(ConnectionSlot::new(permit));
-        let state = state.clone();
-        let fixed = fixed.clone();
-        tokio::spawn(serve_client(stream, peer, state, fixed, hold));
+        tokio::spawn(serve_client(
+            stream,
+            peer,
+            state.clone(),
+            fixed.clone(),
+            hold,
+        ));
     }
 }
 
-async fn serve_client(
-    stream: tokio::net::TcpStream,
+/// What a connection turned away at `max_connections` is told.
+pub(super) const SHED_MESSAGE: &str = "sandgate is at its connection limit";
+
+/// The next client connection; accept errors (EMFILE and friends) are logged and retried
+/// after a pause instead of spinning.
+pub(super) async fn next_client(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                return (stream, peer);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "proxy accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// A new connection's place under `[proxy] max_connections`, or `None` (counted as shed)
+/// when the proxy is full. Every listener takes its places from the same limit.
+pub(super) fn admit(state: &EgressState) -> Option<Hold> {
+    match state.connections.clone().try_acquire_owned() {
+        Ok(permit) => Some(Hold::connection(ConnectionSlot::new(permit))),
+        Err(_) => {
+            metrics::counter!("sandgate_proxy_connections_shed_total").increment(1);
+            None
+        }
+    }
+}
+
+/// One client connection's HTTP/1.1 proxy server, over whatever transport it arrived on
+/// (plain TCP, or the TLS listener's stream once its handshake is done).
+pub(super) async fn serve_client<S>(
+    stream: S,
     peer: SocketAddr,
     state: Arc<EgressState>,
     fixed: Option<Arc<str>>,
     hold: Hold,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())

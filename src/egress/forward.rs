@@ -359,7 +359,11 @@ async fn upstream_request(
                     ErrorReply::new(
                         StatusCode::BAD_GATEWAY,
                         "upstream_failed",
-                        format!("cannot reach {}: {}", target.authority, error_chain(&e)),
+                        format!(
+                            "cannot reach {}: {}",
+                            target.authority,
+                            crate::error::chain(&e)
+                        ),
                     )
                     .with_details(json!({"host": target.host, "port": target.port})),
                 ))
@@ -522,18 +526,4 @@ fn protocol_of(version: Version, scheme: &str) -> &'static str {
         (_, Version::HTTP_2) => "http/h2",
         _ => "http/h1",
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    text
 }

@@ -16,6 +16,10 @@
 //!
 //! Threads: the proxy listener is served by `workers` (one single-threaded runtime per
 //! core); see that module for why.
+//!
+//! Transports: the plain listener, and the TLS listener ([`tls_listener`], its certificate
+//! in [`tls_cert`]) for sandboxes that reach sandgate across a network; past the handshake
+//! both are the same proxy.
 
 mod accept;
 mod body;
@@ -28,6 +32,8 @@ mod limits;
 pub mod path;
 mod state;
 mod target;
+mod tls_cert;
+mod tls_listener;
 mod tunnel;
 mod upstream;
 mod websocket;
@@ -36,3 +42,5 @@ pub mod workers;
 pub use accept::{serve, serve_for};
 pub use body::{BoxError, ProxyBody};
 pub use state::{EgressDeps, EgressState};
+pub use tls_cert::{server_config as tls_server_config, ListenerCertError};
+pub use tls_listener::serve_tls;

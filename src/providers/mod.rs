@@ -15,6 +15,10 @@
 //! - Every error carries a class ([`ErrorClass`]) that decides what the coordinator does:
 //!   advance to the next pool, end the operation, or reconcile.
 
+pub mod connect_rpc;
+pub mod e2b;
+pub mod hosted;
+pub mod http;
 pub mod local;
 pub mod ops;
 pub mod simulated;
@@ -135,6 +139,8 @@ pub struct ProviderError {
     pub class: ErrorClass,
     pub message: String,
     pub instance_id: Option<String>,
+    /// How long the provider asked to wait before trying again (`Retry-After`).
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ProviderError {
@@ -143,6 +149,7 @@ impl ProviderError {
             class,
             message: message.into(),
             instance_id: None,
+            retry_after: None,
         }
     }
 }
@@ -167,6 +174,54 @@ pub struct CreateSpec {
     pub env: std::collections::BTreeMap<String, String>,
     /// A snapshot (taken by this pool's provider) to restore into the new instance.
     pub snapshot: Option<String>,
+    /// How a hosted sandbox reaches sandgate, for pools whose provider runs elsewhere
+    /// (`None` for the local and simulated providers).
+    pub egress: Option<RemoteEgress>,
+}
+
+/// What a hosted sandbox needs to use the gateway: its proxy URL (its own identity in the
+/// userinfo), the gateway's address (the one destination its lock-down allows) and the CA
+/// to trust. None of it is a credential's secret.
+#[derive(Clone)]
+pub struct RemoteEgress {
+    /// `https://<sandbox-id>:<token>@<public host>:<port>` (or `http://`).
+    pub proxy_url: String,
+    /// The host of `[proxy] public_url` (a name or an IP literal, without brackets).
+    pub gateway_host: String,
+    pub gateway_port: u16,
+    /// sandgate's CA certificate (PEM).
+    pub ca_pem: String,
+    /// The pool enforces egress through the gateway (`egress = "gateway"`): the adapter sets
+    /// the provider's native controls so the gateway is the only destination. `false` for an
+    /// `advisory` pool: the proxy variables and the CA only, which the sandbox may ignore.
+    pub lock_down: bool,
+}
+
+impl std::fmt::Debug for RemoteEgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteEgress")
+            .field("gateway_host", &self.gateway_host)
+            .field("gateway_port", &self.gateway_port)
+            .field("lock_down", &self.lock_down)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteEgress {
+    /// The proxy variables (both cases), `NO_PROXY` for loopback, and the CA variables
+    /// pointing at `ca_path` inside the sandbox.
+    pub fn env(&self, ca_path: &str) -> std::collections::BTreeMap<String, String> {
+        let mut env = std::collections::BTreeMap::new();
+        for var in crate::localbox::PROXY_ENV_VARS {
+            env.insert(var.to_string(), self.proxy_url.clone());
+        }
+        env.insert("NO_PROXY".into(), crate::localbox::NO_PROXY.into());
+        env.insert("no_proxy".into(), crate::localbox::NO_PROXY.into());
+        for var in crate::localbox::CA_ENV_VARS {
+            env.insert(var.to_string(), ca_path.to_string());
+        }
+        env
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -329,6 +384,27 @@ pub trait Provider: Send + Sync + 'static {
         instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>>;
 
+    /// The provider's native egress settings this adapter applies for `egress` (its own
+    /// field names, as sent), shown on the sandbox as its lock-down. `None`: nothing native.
+    fn lockdown(&self, egress: &RemoteEgress) -> Option<serde_json::Value> {
+        let _ = egress;
+        None
+    }
+    /// Where this adapter installs sandgate's CA inside a hosted sandbox.
+    fn ca_path(&self) -> Option<&'static str> {
+        None
+    }
+    /// One harmless authenticated call (`sandgate provider check`): what it reached, or why
+    /// the account's base URL or credentials do not work.
+    fn check(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
+        Box::pin(async {
+            Err(ProviderError::new(
+                ErrorClass::Unsupported,
+                format!("{} has no remote account to check", self.kind()),
+            ))
+        })
+    }
+
     // Operations on a running instance. An adapter implements those its provider offers;
     // the rest answer `unsupported`, which the API reports as 501 naming the operation.
 
@@ -409,6 +485,15 @@ pub trait Provider: Send + Sync + 'static {
     }
 }
 
+/// Why the configured adapters could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Simulated(#[from] simulated::SimulatedError),
+    #[error(transparent)]
+    Account(#[from] hosted::AccountError),
+}
+
 /// Adapters by pool name. A pool without an adapter (a hosted provider this build has no
 /// adapter for) cannot serve: its attempts advance as `unsupported`.
 #[derive(Default)]
@@ -428,27 +513,46 @@ impl std::fmt::Debug for ProviderRegistry {
 impl ProviderRegistry {
     /// Builds the adapters for the configured pools.
     /// Every pool whose provider kind is `simulated` gets a simulated adapter (settings from
-    /// `[simulated.<pool>]`, else instant and unlimited). Other kinds have no adapter yet.
+    /// `[simulated.<pool>]`, else instant and unlimited). A pool of a hosted kind with an
+    /// adapter in this build gets its account's (see [`hosted`]); `tls` is the trust its
+    /// HTTP client uses. Local pools are added by the server, which owns the runtime.
     pub fn from_config(
         config: &crate::config::Config,
         topology: &sandgate_router::Topology,
-    ) -> Result<ProviderRegistry, simulated::SimulatedError> {
+        tls: &rustls::ClientConfig,
+    ) -> Result<ProviderRegistry, RegistryError> {
         let mut registry = ProviderRegistry::default();
+        let mut by_account: HashMap<String, Option<Arc<dyn Provider>>> = HashMap::new();
         for pool in topology.pools() {
             let kind = topology.providers()[pool.provider].kind;
-            if kind != sandgate_router::ProviderKind::Simulated {
+            if kind == sandgate_router::ProviderKind::Simulated {
+                let sim = config
+                    .simulated
+                    .get(pool.name.as_ref())
+                    .cloned()
+                    .unwrap_or_default();
+                let provider = Arc::new(simulated::SimulatedProvider::new(&pool.name, sim)?);
+                registry
+                    .by_pool
+                    .insert(pool.name.to_string(), provider.clone());
+                registry.simulated.insert(pool.name.to_string(), provider);
                 continue;
             }
-            let sim = config
-                .simulated
-                .get(pool.name.as_ref())
-                .cloned()
-                .unwrap_or_default();
-            let provider = Arc::new(simulated::SimulatedProvider::new(&pool.name, sim)?);
-            registry
-                .by_pool
-                .insert(pool.name.to_string(), provider.clone());
-            registry.simulated.insert(pool.name.to_string(), provider);
+            let account = &topology.accounts()[pool.account];
+            let Some(raw) = config.accounts.iter().find(|a| *a.name == *account.name) else {
+                continue;
+            };
+            let adapter = match by_account.get(&raw.name) {
+                Some(adapter) => adapter.clone(),
+                None => {
+                    let adapter = hosted::build(kind, raw, tls)?;
+                    by_account.insert(raw.name.clone(), adapter.clone());
+                    adapter
+                }
+            };
+            if let Some(adapter) = adapter {
+                registry.by_pool.insert(pool.name.to_string(), adapter);
+            }
         }
         Ok(registry)
     }

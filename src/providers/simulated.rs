@@ -379,6 +379,7 @@ impl SimulatedProvider {
                         self.pool
                     ),
                     instance_id: Some(id),
+                    retry_after: None,
                 })
             }
             "timeout_after_send" => {

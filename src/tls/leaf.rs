@@ -79,6 +79,17 @@ impl LeafMinter {
         Ok(key)
     }
 
+    /// A fresh leaf for `host`, signed by the CA with the configured validity, bypassing the
+    /// cache: for a certificate its caller keeps and renews itself (the TLS proxy listener's).
+    pub fn issue(&self, host: &str) -> Result<Arc<CertifiedKey>, LeafError> {
+        self.mint(host).map(Arc::new)
+    }
+
+    /// How long a leaf is valid.
+    pub fn validity(&self) -> Duration {
+        self.validity
+    }
+
     fn mint(&self, host: &str) -> Result<CertifiedKey, LeafError> {
         let err = |reason: String| LeafError::Mint {
             host: host.to_string(),

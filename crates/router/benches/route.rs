@@ -72,11 +72,9 @@ fn topology(rng: &mut Rng) -> Topology {
         .iter()
         .flat_map(|&p| {
             (0..3).map(move |a| AccountConfig {
-                name: format!("{p}-acct-{a}"),
-                provider: p.into(),
                 credential: Some(format!("env:{}_{a}", p.to_uppercase())),
-                billing: BillingStanding::Good,
                 labels: [("team".to_string(), format!("team-{a}"))].into(),
+                ..AccountConfig::new(format!("{p}-acct-{a}"), p)
             })
         })
         .collect();

@@ -367,6 +367,75 @@ pub struct AccountConfig {
     pub billing: BillingStanding,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    // How sandgate reaches the account. Routing never reads these; the provider adapter does.
+    /// The provider's API origin (a self-hosted deployment, a test fake); default: the
+    /// provider's public API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The environment variable holding the API key (read at start; never the key itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// A file holding the API key (e.g. a mounted secret; trailing newline ignored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<String>,
+    /// Provider-specific settings (E2B `domain`, `template`; Daytona `organization_id`, ...):
+    /// strings, numbers or booleans, handed to the adapter as text.
+    #[serde(
+        default,
+        deserialize_with = "scalar_map",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub options: BTreeMap<String, String>,
+}
+
+impl AccountConfig {
+    /// An account with no labels, no credential and the provider's defaults.
+    pub fn new(name: impl Into<String>, provider: impl Into<String>) -> AccountConfig {
+        AccountConfig {
+            name: name.into(),
+            provider: provider.into(),
+            credential: None,
+            billing: BillingStanding::Good,
+            labels: BTreeMap::new(),
+            base_url: None,
+            api_key_env: None,
+            api_key_file: None,
+            options: BTreeMap::new(),
+        }
+    }
+
+    /// Whether the account names a credential in any of the ways it can.
+    pub fn has_credential(&self) -> bool {
+        self.credential.is_some() || self.api_key_env.is_some() || self.api_key_file.is_some()
+    }
+}
+
+/// A table of scalars (string, integer, float, boolean) as text.
+fn scalar_map<'de, D>(deserializer: D) -> Result<BTreeMap<String, String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Text(String),
+        Int(i64),
+        Float(f64),
+        Bool(bool),
+    }
+    let map = BTreeMap::<String, Scalar>::deserialize(deserializer)?;
+    Ok(map
+        .into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                Scalar::Text(t) => t,
+                Scalar::Int(i) => i.to_string(),
+                Scalar::Float(f) => f.to_string(),
+                Scalar::Bool(b) => b.to_string(),
+            };
+            (k, text)
+        })
+        .collect())
 }
 
 /// Resource limits of a pool. A limit that is not declared cannot satisfy a request for that
@@ -542,6 +611,8 @@ pub struct Account {
     pub credential: Option<String>,
     pub billing: BillingStanding,
     pub labels: BTreeMap<String, String>,
+    /// Whether a credential is named (`credential`, `api_key_env` or `api_key_file`).
+    pub bound: bool,
 }
 
 /// A pool after validation, with effective (provider ∧ pool) capabilities.
@@ -768,6 +839,7 @@ impl Topology {
                 credential: a.credential.clone(),
                 billing: a.billing,
                 labels: a.labels.clone(),
+                bound: a.has_credential(),
             });
         }
 

@@ -87,13 +87,7 @@ fn config(pools: &[PoolSpec]) -> RouterConfig {
         .collect();
     let accounts = PROVIDERS
         .iter()
-        .map(|&p| AccountConfig {
-            name: format!("acct-{p}"),
-            provider: p.into(),
-            credential: None,
-            billing: BillingStanding::Good,
-            labels: BTreeMap::new(),
-        })
+        .map(|&p| AccountConfig::new(format!("acct-{p}"), p))
         .collect();
     let pools = pools
         .iter()

@@ -1,0 +1,846 @@
+//! The E2B adapter: the REST control plane (`spec/openapi.yml` of `e2b-dev/E2B`) for
+//! sandboxes, and envd, the in-sandbox daemon, for commands (Connect-RPC
+//! `process.Process/Start`, JSON codec) and files (`GET|POST /files`).
+//!
+//! Contract:
+//! - Every URL derives from the account: `base_url` (default `https://api.e2b.app`) for the
+//!   control plane; envd at `options.sandbox_url` (default `https://sandbox.<domain>`,
+//!   `options.domain` default `e2b.app`), addressed per sandbox by the `E2b-Sandbox-Id` and
+//!   `E2b-Sandbox-Port` headers, as the official SDKs do. The API key goes in `X-API-Key`.
+//! - A create is tagged in `metadata` (`sandgate_sandbox`, `sandgate_attempt`), so
+//!   [`Provider::list_by_tag`] finds it through `GET /v2/sandboxes?metadata=...`.
+//! - Egress: with [`RemoteEgress`] the sandbox is created with `network.denyOut =
+//!   ["0.0.0.0/0"]` and `network.allowOut = [<gateway host>]`, so the gateway is the only
+//!   destination E2B lets it reach; its `HTTP(S)_PROXY` name its own identity; sandgate's
+//!   CA is written to [`CA_PATH`] through envd and named by the CA variables. The sandbox's
+//!   `allow_domains` are *not* added to `allowOut`: E2B's allow list wins over its deny list,
+//!   so listing a domain there would open a direct path around the gateway's per-request
+//!   policy and credential injection.
+//! - Failures are classified by one table ([`classify`]), documented in the README.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::StatusCode;
+use reqwest::Method;
+use sandgate_router::Source;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::connect_rpc::{self, Decoder};
+use super::http::{Auth, HttpFailure, ProviderHttp};
+use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle};
+use super::{
+    BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, Provider,
+    ProviderError, RemoteEgress, RuntimeCapabilities, SnapshotInfo, Tags,
+};
+use crate::credentials::Secret;
+
+/// envd's port, named in `E2b-Sandbox-Port`.
+const ENVD_PORT: &str = "49983";
+/// Where sandgate's CA goes inside an E2B sandbox (the default user's home).
+pub const CA_PATH: &str = "/home/user/.sandgate/ca.pem";
+const TAG_SANDBOX: &str = "sandgate_sandbox";
+const TAG_ATTEMPT: &str = "sandgate_attempt";
+
+/// An E2B account's settings (`[[accounts]]` with `options`).
+#[derive(Debug, Clone)]
+pub struct E2bAccount {
+    pub base_url: String,
+    pub sandbox_url: String,
+    pub template: String,
+    /// The sandbox's time to live at E2B, in seconds.
+    pub timeout_secs: u64,
+    pub api_key: Secret,
+}
+
+impl E2bAccount {
+    /// Options: `domain`, `sandbox_url`, `template` (default `base`), `timeout_secs`
+    /// (default 3600). Errors name the option.
+    pub fn from_options(
+        base_url: Option<&str>,
+        options: &BTreeMap<String, String>,
+        api_key: Secret,
+    ) -> Result<E2bAccount, (String, String)> {
+        for key in options.keys() {
+            if !["domain", "sandbox_url", "template", "timeout_secs"].contains(&key.as_str()) {
+                return Err((
+                    format!("options.{key}"),
+                    "unknown option for an e2b account (domain, sandbox_url, template, timeout_secs)".into(),
+                ));
+            }
+        }
+        let domain = options.get("domain").map_or("e2b.app", String::as_str);
+        let timeout_secs = match options.get("timeout_secs") {
+            Some(v) => v.parse::<u64>().ok().filter(|v| *v > 0).ok_or((
+                "options.timeout_secs".to_string(),
+                "must be a positive number of seconds".to_string(),
+            ))?,
+            None => 3600,
+        };
+        Ok(E2bAccount {
+            base_url: base_url.unwrap_or("https://api.e2b.app").to_string(),
+            sandbox_url: options
+                .get("sandbox_url")
+                .cloned()
+                .unwrap_or_else(|| format!("https://sandbox.{domain}")),
+            template: options
+                .get("template")
+                .cloned()
+                .unwrap_or_else(|| "base".into()),
+            timeout_secs,
+            api_key,
+        })
+    }
+}
+
+pub struct E2b {
+    http: ProviderHttp,
+    sandbox_url: String,
+    template: String,
+    timeout_secs: u64,
+    /// envd access tokens by sandbox id (also fetched again from `GET /sandboxes/{id}`).
+    tokens: Mutex<HashMap<String, Secret>>,
+}
+
+impl E2b {
+    pub fn new(account: E2bAccount, tls: rustls::ClientConfig) -> Result<E2b, String> {
+        let http = ProviderHttp::new(
+            "e2b",
+            &account.base_url,
+            Auth::Header("X-API-Key"),
+            account.api_key,
+            tls,
+            Duration::from_secs(60),
+        )?;
+        Ok(E2b {
+            http,
+            sandbox_url: account.sandbox_url.trim_end_matches('/').to_string(),
+            template: account.template,
+            timeout_secs: account.timeout_secs,
+            tokens: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn create_body(&self, spec: &CreateSpec) -> Value {
+        let template = spec
+            .snapshot
+            .clone()
+            .or_else(|| match &spec.request.source {
+                Some(Source::Template(t) | Source::Environment(t)) => Some(t.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| self.template.clone());
+        let mut env = spec.env.clone();
+        let mut body = json!({
+            "templateID": template,
+            "timeout": self.timeout_secs,
+            "metadata": {TAG_SANDBOX: spec.tags.sandbox_id, TAG_ATTEMPT: spec.tags.attempt_id},
+        });
+        if let Some(egress) = &spec.egress {
+            env.extend(egress.env(CA_PATH));
+            if let Some(network) = lockdown(egress) {
+                body["network"] = network;
+            }
+        }
+        body["envVars"] = json!(env);
+        body
+    }
+
+    async fn token(&self, id: &str) -> Result<Option<Secret>, HttpFailure> {
+        if let Some(token) = self
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+        {
+            return Ok(Some(token.clone()));
+        }
+        let detail = self.detail(id).await?;
+        let token = detail.and_then(|d| d.envd_access_token).map(Secret::new);
+        if let Some(token) = &token {
+            self.tokens
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id.to_string(), token.clone());
+        }
+        Ok(token)
+    }
+
+    async fn detail(&self, id: &str) -> Result<Option<SandboxDetail>, HttpFailure> {
+        let path = format!("/sandboxes/{}", segment(id));
+        match self
+            .http
+            .send_idempotent(|| self.http.request(Method::GET, &path))
+            .await
+        {
+            Ok(response) => Ok(Some(self.http.json(response).await?)),
+            Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(None),
+            Err(f) => Err(f),
+        }
+    }
+
+    /// A request to envd for sandbox `id`.
+    async fn envd(
+        &self,
+        id: &str,
+        method: Method,
+        path: &str,
+    ) -> Result<reqwest::RequestBuilder, OpError> {
+        let token =
+            self.token(id).await.map_err(op_error)?.ok_or_else(|| {
+                OpError::new(OpErrorKind::NotFound, format!("no E2B sandbox {id}"))
+            })?;
+        Ok(self
+            .http
+            .request_url(method, &format!("{}{path}", self.sandbox_url))
+            .header("E2b-Sandbox-Id", id)
+            .header("E2b-Sandbox-Port", ENVD_PORT)
+            .header("X-Access-Token", token.expose()))
+    }
+
+    async fn install_ca(&self, id: &str, egress: &RemoteEgress) -> Result<(), OpError> {
+        self.put_file(id, CA_PATH, egress.ca_pem.clone().into_bytes())
+            .await
+    }
+
+    async fn put_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), OpError> {
+        let part = reqwest::multipart::Part::bytes(data).file_name(path.to_string());
+        let form = reqwest::multipart::Form::new().part("file", part);
+        let request = self
+            .envd(id, Method::POST, "/files")
+            .await?
+            .query(&[("path", path)])
+            .multipart(form);
+        self.http.send(request).await.map_err(op_error)?;
+        Ok(())
+    }
+
+    async fn list_page(
+        &self,
+        metadata: &str,
+        next: Option<&str>,
+    ) -> Result<(Vec<ListedSandbox>, Option<String>), HttpFailure> {
+        let build = || {
+            let mut query = vec![
+                ("metadata", metadata.to_string()),
+                ("state", "running,paused".to_string()),
+                ("limit", "100".to_string()),
+            ];
+            if let Some(next) = next {
+                query.push(("nextToken", next.to_string()));
+            }
+            self.http
+                .request(Method::GET, "/v2/sandboxes")
+                .query(&query)
+        };
+        let response = self.http.send_idempotent(build).await?;
+        let next = response
+            .headers()
+            .get("x-next-token")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map(str::to_string);
+        Ok((self.http.json(response).await?, next))
+    }
+}
+
+/// The `network` of a create locked to the gateway: every IPv4 destination denied, the
+/// gateway's host allowed (E2B's allow list wins over its deny list). `None` when the pool
+/// is advisory (the proxy variables only).
+pub fn lockdown(egress: &RemoteEgress) -> Option<Value> {
+    egress.lock_down.then(|| {
+        json!({
+            "denyOut": ["0.0.0.0/0"],
+            "allowOut": [egress.gateway_host],
+        })
+    })
+}
+
+/// A path segment, percent-encoded (ids come from the provider, but never trust them).
+fn segment(id: &str) -> String {
+    percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CreatedSandbox {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(default)]
+    envd_access_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SandboxDetail {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(default)]
+    envd_access_token: Option<String>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ListedSandbox {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+}
+
+fn instance(id: String, metadata: &BTreeMap<String, String>) -> Instance {
+    Instance {
+        id,
+        tags: Tags {
+            sandbox_id: metadata.get(TAG_SANDBOX).cloned().unwrap_or_default(),
+            attempt_id: metadata.get(TAG_ATTEMPT).cloned().unwrap_or_default(),
+        },
+        // Paused sandboxes exist and hold capacity; both states are live.
+        state: InstanceState::Running,
+    }
+}
+
+/// E2B's answers, as the coordinator's error classes (the README's E2B table).
+pub fn classify(failure: &HttpFailure) -> ErrorClass {
+    let Some(status) = failure.status else {
+        // Never reached E2B: nothing was created. Reached it and timed out: unknown.
+        return if failure.sent {
+            ErrorClass::Unknown
+        } else {
+            ErrorClass::Outage
+        };
+    };
+    match failure.field("error_code") {
+        Some("sandbox_capacity_unavailable") | Some("sandbox_no_compatible_node") => {
+            return ErrorClass::Capacity
+        }
+        // The placement may still complete: look for it before trying elsewhere.
+        Some("sandbox_placement_timeout") => return ErrorClass::Unknown,
+        Some("sandbox_create_failed") => return ErrorClass::FailedBeforeRunning,
+        _ => {}
+    }
+    match status.as_u16() {
+        400 | 422 => ErrorClass::InvalidRequest,
+        401 | 403 => ErrorClass::UnboundAccount,
+        // The template (or snapshot) is not on this account.
+        404 => ErrorClass::Unsupported,
+        429 => ErrorClass::RateLimit,
+        502 | 503 => ErrorClass::Outage,
+        // E2B's gateway gave up waiting: the create may have gone through.
+        504 => ErrorClass::Unknown,
+        _ => ErrorClass::ProviderError,
+    }
+}
+
+fn provider_error(failure: HttpFailure) -> ProviderError {
+    let mut error = ProviderError::new(classify(&failure), failure.message.clone());
+    error.retry_after = failure.retry_after;
+    error
+}
+
+fn op_error(failure: HttpFailure) -> OpError {
+    let kind = match failure.status.map(|s| s.as_u16()) {
+        Some(404) => OpErrorKind::NotFound,
+        Some(400) => OpErrorKind::Invalid,
+        // envd answers a paused sandbox with 502.
+        Some(409) | Some(502) => OpErrorKind::Conflict,
+        _ => OpErrorKind::Provider,
+    };
+    OpError::new(kind, failure.message)
+}
+
+impl Provider for E2b {
+    fn kind(&self) -> &'static str {
+        "e2b"
+    }
+
+    fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, ProviderError>> {
+        Box::pin(async move {
+            let body = self.create_body(&spec);
+            // The attempt id as the idempotency key: a create re-sent after a lost answer
+            // gets the same sandbox, not a second one.
+            let request = self
+                .http
+                .request(Method::POST, "/v2/sandboxes")
+                .header("Idempotency-Key", &spec.tags.attempt_id)
+                .json(&body);
+            let response = self.http.send(request).await.map_err(provider_error)?;
+            let created: CreatedSandbox = self.http.json(response).await.map_err(|f| {
+                // E2B said yes but we cannot read which sandbox: reconcile by tag.
+                let mut e = provider_error(f);
+                e.class = ErrorClass::Unknown;
+                e
+            })?;
+            if let Some(token) = created.envd_access_token {
+                self.tokens
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(created.sandbox_id.clone(), Secret::new(token));
+            }
+            if let Some(egress) = &spec.egress {
+                if let Err(e) = self.install_ca(&created.sandbox_id, egress).await {
+                    return Err(ProviderError {
+                        class: ErrorClass::FailedBeforeRunning,
+                        message: format!("the sandbox's CA could not be installed: {e}"),
+                        instance_id: Some(created.sandbox_id),
+                        retry_after: None,
+                    });
+                }
+            }
+            Ok(Instance {
+                id: created.sandbox_id,
+                tags: spec.tags,
+                state: InstanceState::Running,
+            })
+        })
+    }
+
+    fn get<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Instance>, ProviderError>> {
+        Box::pin(async move {
+            let detail = self.detail(instance_id).await.map_err(provider_error)?;
+            Ok(detail.map(|d| instance(d.sandbox_id, &d.metadata)))
+        })
+    }
+
+    fn list_by_tag<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        attempt_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<Instance>, ProviderError>> {
+        Box::pin(async move {
+            // The filter is one query value: `k=v&k2=v2`, each part URL-encoded.
+            let enc = |s: &str| {
+                percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
+                    .to_string()
+            };
+            let mut metadata = format!("{}={}", enc(TAG_SANDBOX), enc(sandbox_id));
+            if let Some(attempt) = attempt_id {
+                metadata.push_str(&format!("&{}={}", enc(TAG_ATTEMPT), enc(attempt)));
+            }
+            let mut out = Vec::new();
+            let mut next = None;
+            for _ in 0..100 {
+                let (page, more) = self
+                    .list_page(&metadata, next.as_deref())
+                    .await
+                    .map_err(provider_error)?;
+                out.extend(
+                    page.into_iter()
+                        .filter(|s| {
+                            s.metadata.get(TAG_SANDBOX).map(String::as_str) == Some(sandbox_id)
+                        })
+                        .filter(|s| {
+                            attempt_id.is_none_or(|a| {
+                                s.metadata.get(TAG_ATTEMPT).map(String::as_str) == Some(a)
+                            })
+                        })
+                        .map(|s| instance(s.sandbox_id, &s.metadata)),
+                );
+                match more {
+                    Some(token) => next = Some(token),
+                    None => break,
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn delete<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let path = format!("/sandboxes/{}", segment(instance_id));
+            let result = self
+                .http
+                .send_idempotent(|| self.http.request(Method::DELETE, &path))
+                .await;
+            self.tokens
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(instance_id);
+            match result {
+                Ok(_) => Ok(()),
+                Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(()),
+                Err(f) => Err(provider_error(f)),
+            }
+        })
+    }
+
+    fn lockdown(&self, egress: &RemoteEgress) -> Option<Value> {
+        lockdown(egress)
+    }
+
+    fn ca_path(&self) -> Option<&'static str> {
+        Some(CA_PATH)
+    }
+
+    fn check(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
+        Box::pin(async move {
+            let build = || {
+                self.http
+                    .request(Method::GET, "/v2/sandboxes")
+                    .query(&[("limit", "1")])
+            };
+            self.http
+                .send_idempotent(build)
+                .await
+                .map_err(provider_error)?;
+            Ok(format!("listed sandboxes at {}", self.http.base_url()))
+        })
+    }
+
+    fn capabilities<'a>(
+        &'a self,
+        _instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
+        // What this adapter does with E2B: streamed commands it can kill, files read and
+        // written through envd, pause and resume.
+        Box::pin(async {
+            Ok(RuntimeCapabilities {
+                process_execute: true,
+                process_ordered_output: true,
+                process_cancel: true,
+                filesystem_read: true,
+                filesystem_write: true,
+                pause_resume: true,
+                ..RuntimeCapabilities::NONE
+            })
+        })
+    }
+
+    fn exec<'a>(
+        &'a self,
+        instance_id: &'a str,
+        spec: ExecSpec,
+    ) -> BoxFuture<'a, Result<ExecStream, OpError>> {
+        Box::pin(async move { self.start(instance_id, spec).await })
+    }
+
+    fn read_file<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<u8>, OpError>> {
+        Box::pin(async move {
+            let request = self
+                .envd(instance_id, Method::GET, "/files")
+                .await?
+                .query(&[("path", path)]);
+            let response = self.http.send(request).await.map_err(op_error)?;
+            let bytes = response.bytes().await.map_err(|e| {
+                OpError::new(OpErrorKind::Provider, format!("e2b: reading {path}: {e}"))
+            })?;
+            Ok(bytes.to_vec())
+        })
+    }
+
+    fn write_file<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        data: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move { self.put_file(instance_id, path, data).await })
+    }
+
+    fn lifecycle<'a>(
+        &'a self,
+        instance_id: &'a str,
+        operation: Lifecycle,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move {
+            let id = segment(instance_id);
+            let request = match operation {
+                Lifecycle::Pause => self
+                    .http
+                    .request(Method::POST, &format!("/sandboxes/{id}/pause")),
+                Lifecycle::Resume => self
+                    .http
+                    .request(Method::POST, &format!("/v2/sandboxes/{id}/connect"))
+                    .json(&json!({"timeout": self.timeout_secs})),
+                Lifecycle::Stop | Lifecycle::Start => {
+                    return Err(OpError::unsupported("e2b", operation.as_str()))
+                }
+            };
+            self.http.send(request).await.map_err(op_error)?;
+            Ok(())
+        })
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<SnapshotInfo, OpError>> {
+        Box::pin(async move {
+            let path = format!("/sandboxes/{}/snapshots", segment(instance_id));
+            let request = self.http.request(Method::POST, &path).json(&json!({}));
+            let response = self.http.send(request).await.map_err(op_error)?;
+            let body: Value = self.http.json(response).await.map_err(op_error)?;
+            let id = body["snapshotID"].as_str().ok_or_else(|| {
+                OpError::new(
+                    OpErrorKind::Provider,
+                    "e2b answered a snapshot without snapshotID",
+                )
+            })?;
+            Ok(SnapshotInfo {
+                id: id.to_string(),
+                size_bytes: 0,
+            })
+        })
+    }
+}
+
+impl E2b {
+    /// `process.Process/Start`: the command's events, in order, as an [`ExecStream`].
+    async fn start(&self, id: &str, spec: ExecSpec) -> Result<ExecStream, OpError> {
+        let Some((program, args)) = spec.argv.split_first() else {
+            return Err(OpError::new(
+                OpErrorKind::Invalid,
+                "argv must name a program",
+            ));
+        };
+        let mut process = json!({"cmd": program, "args": args, "envs": spec.env});
+        if let Some(cwd) = &spec.cwd {
+            process["cwd"] = json!(cwd);
+        }
+        let payload = serde_json::to_vec(&json!({"process": process, "stdin": false}))
+            .map_err(|e| OpError::new(OpErrorKind::Invalid, e.to_string()))?;
+        let mut request = self
+            .envd(id, Method::POST, "/process.Process/Start")
+            .await?
+            .header("Content-Type", "application/connect+json")
+            .header("Connect-Protocol-Version", "1")
+            .header("Keepalive-Ping-Interval", "50")
+            .body(connect_rpc::envelope(&payload));
+        if let Some(timeout) = spec.timeout {
+            request = request
+                .header("Connect-Timeout-Ms", timeout.as_millis().to_string())
+                .timeout(timeout + Duration::from_secs(5));
+        } else {
+            // Commands may run for long: the stream has no whole-request timeout.
+            request = request.timeout(Duration::from_secs(24 * 3600));
+        }
+        let response = self.http.send(request).await.map_err(op_error)?;
+        let (tx, rx) = mpsc::channel(64);
+        let cancelled = Arc::new(tokio::sync::Notify::new());
+        let pid = Arc::new(Mutex::new(None::<u64>));
+        let reader = tokio::spawn(read_events(
+            response,
+            tx,
+            pid.clone(),
+            spec.timeout.is_some(),
+        ));
+        let kill = self.killer(id, pid);
+        let notify = cancelled.clone();
+        tokio::spawn(async move {
+            notify.notified().await;
+            kill().await;
+        });
+        let cancel: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            reader.abort();
+            cancelled.notify_one();
+        });
+        Ok(ExecStream { events: rx, cancel })
+    }
+
+    /// `process.Process/SendSignal` with SIGKILL to the started process, once known.
+    fn killer(
+        &self,
+        id: &str,
+        pid: Arc<Mutex<Option<u64>>>,
+    ) -> impl FnOnce() -> BoxFuture<'static, ()> + Send + 'static {
+        let http = self.http.clone();
+        let url = format!("{}/process.Process/SendSignal", self.sandbox_url);
+        let id = id.to_string();
+        let token = self
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned();
+        move || {
+            Box::pin(async move {
+                let (Some(pid), Some(token)) =
+                    (*pid.lock().unwrap_or_else(|e| e.into_inner()), token)
+                else {
+                    return;
+                };
+                let body = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"});
+                let request = http
+                    .request_url(Method::POST, &url)
+                    .header("E2b-Sandbox-Id", &id)
+                    .header("E2b-Sandbox-Port", ENVD_PORT)
+                    .header("X-Access-Token", token.expose())
+                    .json(&body);
+                if let Err(e) = http.send(request).await {
+                    tracing::warn!(sandbox_instance = %id, error = %e.message, "e2b: killing a cancelled command failed");
+                }
+            })
+        }
+    }
+}
+
+/// Reads envd's Start stream into exec events: `start` (the pid), `data` (base64 stdout /
+/// stderr, per proto3 JSON), `end` (exit code, which proto3 JSON omits when it is 0), then
+/// the end-of-stream message.
+async fn read_events(
+    response: reqwest::Response,
+    tx: mpsc::Sender<ExecEvent>,
+    pid: Arc<Mutex<Option<u64>>>,
+    timed: bool,
+) {
+    let mut decoder = Decoder::default();
+    let mut body = response.bytes_stream();
+    let mut exit: Option<ExitInfo> = None;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    while let Some(chunk) = body.next().await {
+        let Ok(chunk) = chunk else {
+            break;
+        };
+        decoder.push(&chunk);
+        while let Ok(Some(frame)) = decoder.next_frame() {
+            if frame.is_end() {
+                let trailer: Value = serde_json::from_slice(&frame.payload).unwrap_or(Value::Null);
+                let deadline = trailer["error"]["code"] == "deadline_exceeded";
+                let info = exit.take().unwrap_or(ExitInfo {
+                    code: None,
+                    signal: None,
+                    reason: if deadline && timed {
+                        ExitReason::TimedOut
+                    } else {
+                        ExitReason::Exited
+                    },
+                });
+                let _ = tx.send(ExecEvent::Exit(info)).await;
+                return;
+            }
+            let Ok(message) = serde_json::from_slice::<Value>(&frame.payload) else {
+                continue;
+            };
+            let event = &message["event"];
+            if let Some(p) = event["start"]["pid"].as_u64() {
+                *pid.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+            }
+            for (field, stdout) in [("stdout", true), ("stderr", false)] {
+                if let Some(data) = event["data"][field].as_str() {
+                    let bytes = Bytes::from(b64.decode(data).unwrap_or_default());
+                    let item = if stdout {
+                        ExecEvent::Stdout(bytes)
+                    } else {
+                        ExecEvent::Stderr(bytes)
+                    };
+                    if tx.send(item).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            if event.get("end").is_some() {
+                let end = &event["end"];
+                let status = end["status"].as_str().unwrap_or("");
+                exit = Some(ExitInfo {
+                    code: Some(end["exitCode"].as_i64().unwrap_or(0) as i32),
+                    signal: signal_of(status),
+                    reason: ExitReason::Exited,
+                });
+            }
+        }
+    }
+    // The stream ended without its end-of-stream message.
+    let info = exit.unwrap_or(ExitInfo {
+        code: None,
+        signal: None,
+        reason: ExitReason::Exited,
+    });
+    let _ = tx.send(ExecEvent::Exit(info)).await;
+}
+
+/// envd reports a killed process as `status: "signal: killed"` and the like.
+fn signal_of(status: &str) -> Option<i32> {
+    let name = status.strip_prefix("signal: ")?;
+    Some(match name {
+        "killed" => 9,
+        "terminated" => 15,
+        "interrupt" => 2,
+        "hangup" => 1,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(status: Option<u16>, body: Value, sent: bool) -> HttpFailure {
+        HttpFailure {
+            status: status.map(|s| StatusCode::from_u16(s).unwrap()),
+            body: Some(body),
+            retry_after: None,
+            sent,
+            timed_out: false,
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_failure_table() {
+        let cases = [
+            (
+                Some(503),
+                json!({"code": 503, "error_code": "sandbox_capacity_unavailable"}),
+                ErrorClass::Capacity,
+            ),
+            (
+                Some(503),
+                json!({"code": 503, "error_code": "sandbox_no_compatible_node"}),
+                ErrorClass::Capacity,
+            ),
+            (
+                Some(504),
+                json!({"code": 504, "error_code": "sandbox_placement_timeout"}),
+                ErrorClass::Unknown,
+            ),
+            (
+                Some(500),
+                json!({"code": 500, "error_code": "sandbox_create_failed"}),
+                ErrorClass::FailedBeforeRunning,
+            ),
+            (Some(400), json!({"code": 400}), ErrorClass::InvalidRequest),
+            (Some(401), json!({"code": 401}), ErrorClass::UnboundAccount),
+            (Some(404), json!({"code": 404}), ErrorClass::Unsupported),
+            (Some(429), json!({"code": 429}), ErrorClass::RateLimit),
+            (Some(502), json!({}), ErrorClass::Outage),
+            (Some(503), json!({}), ErrorClass::Outage),
+            (Some(504), json!({}), ErrorClass::Unknown),
+            (Some(500), json!({}), ErrorClass::ProviderError),
+        ];
+        for (status, body, class) in cases {
+            assert_eq!(
+                classify(&failure(status, body.clone(), true)),
+                class,
+                "{status:?} {body}"
+            );
+        }
+        assert_eq!(
+            classify(&failure(None, json!(null), false)),
+            ErrorClass::Outage
+        );
+        assert_eq!(
+            classify(&failure(None, json!(null), true)),
+            ErrorClass::Unknown
+        );
+    }
+
+    #[test]
+    fn signals_are_read_from_envd_status() {
+        assert_eq!(signal_of("signal: killed"), Some(9));
+        assert_eq!(signal_of("exit status 1"), None);
+    }
+}

@@ -1,0 +1,249 @@
+//! The one small HTTP layer every hosted-provider adapter shares.
+//!
+//! Contract:
+//! - Every URL is the account's `base_url` plus a path: a self-hosted deployment and a test
+//!   fake plug in the same way as the public API.
+//! - The API key is sent as the provider wants it (a named header or `Authorization:
+//!   Bearer`) and never appears in an error: messages are built from statuses and the
+//!   provider's own error fields, and anything that still contains the key is redacted.
+//! - Timeouts: a connect timeout and a whole-request timeout per call.
+//! - Idempotent calls (reads, deletes) are retried with exponential backoff and jitter on
+//!   transport failures, 429 and 502/503/504, honouring `Retry-After`; other calls are sent
+//!   once, and a failure tells whether the request may have reached the provider (`sent`),
+//!   which is what decides between "advance" and "reconcile first".
+
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use http::StatusCode;
+use reqwest::{Method, RequestBuilder, Response};
+
+use crate::credentials::Secret;
+
+/// How the API key travels.
+#[derive(Debug, Clone, Copy)]
+pub enum Auth {
+    /// A header of its own, e.g. E2B's `X-API-Key`.
+    Header(&'static str),
+    /// `Authorization: Bearer <key>`.
+    Bearer,
+}
+
+/// A failed provider call, secrets removed.
+#[derive(Debug, Clone)]
+pub struct HttpFailure {
+    /// The provider's status, when it answered.
+    pub status: Option<StatusCode>,
+    /// Its JSON error body, when it sent one.
+    pub body: Option<serde_json::Value>,
+    /// What `Retry-After` asked for.
+    pub retry_after: Option<Duration>,
+    /// Whether the request may have reached the provider (false only when it surely did
+    /// not: the connection was never made).
+    pub sent: bool,
+    /// Whether the call timed out.
+    pub timed_out: bool,
+    pub message: String,
+}
+
+impl HttpFailure {
+    /// A string field of the JSON error body.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.body.as_ref()?.get(name)?.as_str()
+    }
+}
+
+/// An authenticated client for one provider account.
+#[derive(Clone)]
+pub struct ProviderHttp {
+    client: reqwest::Client,
+    provider: &'static str,
+    base: String,
+    auth: Auth,
+    key: Secret,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for ProviderHttp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderHttp")
+            .field("provider", &self.provider)
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProviderHttp {
+    /// `tls` is the upstream trust sandgate already uses (web roots plus extra CAs).
+    pub fn new(
+        provider: &'static str,
+        base_url: &str,
+        auth: Auth,
+        key: Secret,
+        tls: rustls::ClientConfig,
+        timeout: Duration,
+    ) -> Result<ProviderHttp, String> {
+        let client = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(concat!("sandgate/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("{provider}: cannot build an HTTP client: {e}"))?;
+        Ok(ProviderHttp {
+            client,
+            provider,
+            base: base_url.trim_end_matches('/').to_string(),
+            auth,
+            key,
+            timeout,
+        })
+    }
+
+    pub fn provider(&self) -> &'static str {
+        self.provider
+    }
+
+    /// The account's base URL, as configured (without a trailing `/`).
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// `base_url` + `path` (which starts with `/`).
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// An authenticated request to the account's base URL.
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.request_url(method, &self.url(path))
+    }
+
+    /// An authenticated request to a URL derived from the account (e.g. a data plane).
+    pub fn request_url(&self, method: Method, url: &str) -> RequestBuilder {
+        let builder = self.client.request(method, url).timeout(self.timeout);
+        match self.auth {
+            Auth::Header(name) => builder.header(name, self.key.expose()),
+            Auth::Bearer => builder.bearer_auth(self.key.expose()),
+        }
+    }
+
+    /// Sends once; a non-success status is a failure.
+    pub async fn send(&self, request: RequestBuilder) -> Result<Response, HttpFailure> {
+        let response = request.send().await.map_err(|e| self.transport(e))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        Err(self.status_failure(response).await)
+    }
+
+    /// Sends an idempotent call, retrying transient failures (up to 3 retries, from 200 ms
+    /// doubling, with jitter; a `Retry-After` longer than the backoff is waited instead).
+    pub async fn send_idempotent(
+        &self,
+        build: impl Fn() -> RequestBuilder,
+    ) -> Result<Response, HttpFailure> {
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(5))
+            .with_max_times(3)
+            .with_jitter();
+        (|| async { self.send(build()).await })
+            .retry(backoff)
+            .when(transient)
+            .adjust(
+                |failure: &HttpFailure, delay| match (failure.retry_after, delay) {
+                    (Some(asked), Some(delay)) => {
+                        Some(asked.max(delay).min(Duration::from_secs(30)))
+                    }
+                    (_, delay) => delay,
+                },
+            )
+            .await
+    }
+
+    /// Reads a JSON body; a body that is not the expected JSON is a provider failure.
+    pub async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        response: Response,
+    ) -> Result<T, HttpFailure> {
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| self.transport(e))?;
+        serde_json::from_slice(&bytes).map_err(|e| HttpFailure {
+            status: Some(status),
+            body: None,
+            retry_after: None,
+            sent: true,
+            timed_out: false,
+            message: format!(
+                "{} answered a body that is not the expected JSON: {e}",
+                self.provider
+            ),
+        })
+    }
+
+    fn transport(&self, e: reqwest::Error) -> HttpFailure {
+        let not_sent = e.is_connect();
+        HttpFailure {
+            status: None,
+            body: None,
+            retry_after: None,
+            sent: !not_sent,
+            timed_out: e.is_timeout(),
+            message: self.redact(&format!(
+                "{} could not be reached: {}",
+                self.provider,
+                crate::error::chain(&e)
+            )),
+        }
+    }
+
+    async fn status_failure(&self, response: Response) -> HttpFailure {
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let text = response.text().await.unwrap_or_default();
+        let body: Option<serde_json::Value> = serde_json::from_str(&text).ok();
+        let said = body
+            .as_ref()
+            .and_then(|b| b.get("message").or_else(|| b.get("error")))
+            .and_then(|m| m.as_str())
+            .map(|m| m.chars().take(300).collect::<String>());
+        let message = match said {
+            Some(said) => format!("{} answered {status}: {said}", self.provider),
+            None => format!("{} answered {status}", self.provider),
+        };
+        HttpFailure {
+            status: Some(status),
+            body,
+            retry_after,
+            sent: true,
+            timed_out: false,
+            message: self.redact(&message),
+        }
+    }
+
+    fn redact(&self, text: &str) -> String {
+        let key = self.key.expose();
+        if key.is_empty() {
+            text.to_string()
+        } else {
+            text.replace(key, "[redacted]")
+        }
+    }
+}
+
+fn transient(failure: &HttpFailure) -> bool {
+    match failure.status {
+        None => true,
+        Some(status) => {
+            status == StatusCode::TOO_MANY_REQUESTS
+                || status == StatusCode::BAD_GATEWAY
+                || status == StatusCode::SERVICE_UNAVAILABLE
+                || status == StatusCode::GATEWAY_TIMEOUT
+        }
+    }
+}
