@@ -339,6 +339,7 @@ async fn setup_with(extra_toml: &str, extra_policies: Vec<(&'static str, String)
         upstream_ca: Some(ca.pem_path.clone()),
         extra_policies,
         extra_toml: toml,
+        ..GatewayOptions::default()
     })
     .await;
     Setup {

@@ -75,6 +75,7 @@ cgroup = "sandgate-ltest"
         upstream_ca: Some(ca.pem_path.clone()),
         extra_policies,
         extra_toml,
+        ..GatewayOptions::default()
     })
     .await;
     // The secret file was read at start; the directory holds the sandboxes now.

@@ -375,6 +375,8 @@ pub struct GatewayOptions {
     pub upstream_ca: Option<PathBuf>,
     pub extra_policies: Vec<(&'static str, String)>,
     pub extra_toml: String,
+    /// Keys added to the `[proxy]` table, right after its `listen`.
+    pub proxy_toml: String,
 }
 
 impl Default for GatewayOptions {
@@ -395,6 +397,7 @@ impl Default for GatewayOptions {
             upstream_ca: None,
             extra_policies: Vec::new(),
             extra_toml: String::new(),
+            proxy_toml: String::new(),
         }
     }
 }
@@ -427,6 +430,10 @@ impl Gateway {
         let decision_log = dir.path().join("decisions.jsonl");
         let mut toml = String::new();
         toml.push_str("[proxy]\nlisten = \"127.0.0.1:0\"\n");
+        toml.push_str(&options.proxy_toml);
+        if !options.proxy_toml.is_empty() && !options.proxy_toml.ends_with('\n') {
+            toml.push('\n');
+        }
         toml.push_str("[api]\nlisten = \"127.0.0.1:0\"\n");
         toml.push_str(&format!(
             "[tls]\nca_dir = {:?}\n",
@@ -740,3 +747,5 @@ snapshot_dir = {snaps:?}
         snaps = p("local/snapshots"),
     )
 }
+
+pub mod fakes;
