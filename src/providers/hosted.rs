@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use sandgate_router::{AccountConfig, ProviderKind};
 
+use super::daytona::{Daytona, DaytonaAccount};
 use super::e2b::{E2b, E2bAccount};
+use super::vercel::{Vercel, VercelAccount};
 use super::Provider;
 use crate::credentials::Secret;
 
@@ -42,7 +44,10 @@ impl AccountError {
 
 /// Whether this build has an adapter for `kind` on hosted accounts.
 pub fn has_adapter(kind: ProviderKind) -> bool {
-    matches!(kind, ProviderKind::E2b)
+    matches!(
+        kind,
+        ProviderKind::E2b | ProviderKind::Daytona | ProviderKind::Vercel
+    )
 }
 
 /// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway.
@@ -72,6 +77,22 @@ pub fn build(
                 .map_err(|(field, m)| AccountError::new(account, &field, m))?;
             Arc::new(
                 E2b::new(settings, tls.clone())
+                    .map_err(|m| AccountError::new(account, "base_url", m))?,
+            )
+        }
+        ProviderKind::Daytona => {
+            let settings = DaytonaAccount::from_options(base_url, &account.options, key)
+                .map_err(|(field, m)| AccountError::new(account, &field, m))?;
+            Arc::new(
+                Daytona::new(settings, tls.clone())
+                    .map_err(|m| AccountError::new(account, "base_url", m))?,
+            )
+        }
+        ProviderKind::Vercel => {
+            let settings = VercelAccount::from_options(base_url, &account.options, key)
+                .map_err(|(field, m)| AccountError::new(account, &field, m))?;
+            Arc::new(
+                Vercel::new(settings, tls.clone())
                     .map_err(|m| AccountError::new(account, "base_url", m))?,
             )
         }

@@ -16,7 +16,9 @@
 //!   advance to the next pool, end the operation, or reconcile.
 
 pub mod connect_rpc;
+pub mod daytona;
 pub mod e2b;
+pub mod vercel;
 pub mod hosted;
 pub mod http;
 pub mod local;

@@ -1,4 +1,6 @@
 //! Fakes of the sandbox providers' APIs, on real sockets, for the provider adapters' tests.
 //! Each is proven against the provider's official SDK (see each module's documentation).
 
+pub mod daytona;
 pub mod e2b;
+pub mod vercel;
