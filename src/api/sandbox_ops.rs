@@ -778,58 +778,155 @@ lifecycle_route!(
     "Resume a paused sandbox."
 );
 
-/// Snapshot the sandbox's files; create a new sandbox from it with `"snapshot": "<id>"`.
+/// `POST .../snapshot` body (optional; empty = a provider snapshot).
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct SnapshotBody {
+    /// `provider` (default): the provider's own snapshot, restorable only on this pool.
+    /// `filesystem`: the files under `paths`, read through the files API into an archive
+    /// sandgate keeps, restorable on any provider that writes files (no memory state).
+    pub kind: Option<String>,
+    /// Roots of a filesystem export (absolute; default `["/home/user"]`).
+    pub paths: Option<Vec<String>>,
+}
+
+/// Largest filesystem export, in file bytes (the archive is kept in sandgate's database).
+pub const MAX_EXPORT_BYTES: u64 = 64 * 1024 * 1024;
+
+impl SnapshotBody {
+    fn parse(bytes: &[u8]) -> Result<SnapshotBody, ErrorReply> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(SnapshotBody::default());
+        }
+        let body: SnapshotBody = super::body::parse_json(bytes)?;
+        let invalid = |field: &str, message: &str| {
+            ErrorReply::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                message.to_string(),
+            )
+            .with_details(json!({"field": field}))
+        };
+        match body.kind.as_deref() {
+            None | Some("provider") if body.paths.is_some() => {
+                return Err(invalid(
+                    "paths",
+                    "`paths` is for a filesystem export (kind = \"filesystem\")",
+                ))
+            }
+            None | Some("provider" | "filesystem") => {}
+            Some(_) => return Err(invalid("kind", "`kind` is \"provider\" or \"filesystem\"")),
+        }
+        let paths = body.paths.as_deref().unwrap_or_default();
+        if paths.len() > 16 {
+            return Err(invalid("paths", "at most 16 paths"));
+        }
+        for (i, path) in paths.iter().enumerate() {
+            let ok = path.starts_with('/')
+                && path.len() <= MAX_PATH_BYTES
+                && !path.contains('\0')
+                && !path.split('/').any(|c| c == "..");
+            if !ok {
+                return Err(invalid(
+                    &format!("paths[{i}]"),
+                    "an absolute path without `..` or NUL",
+                ));
+            }
+        }
+        Ok(body)
+    }
+
+    fn is_filesystem(&self) -> bool {
+        self.kind.as_deref() == Some("filesystem")
+    }
+}
+
+/// Snapshot the sandbox; create a new sandbox from it with `"snapshot": "<id>"`.
 #[utoipa::path(
     post,
     path = "/v1/sandboxes/{id}/snapshot",
     tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 201, description = "{snapshot: {id, size_bytes, pool, ...}}", body = Object)),
+    request_body(content = SnapshotBody, description = "Optional: {kind, paths}"),
+    responses((status = 201, description = "{snapshot: {id, kind, size_bytes, pool, ...}, export?: {files, dirs, bytes, skipped}}", body = Object)),
     security(("bearer" = []))
 )]
 pub async fn snapshot(
     State(state): State<ApiState>,
     ActionCaller(caller): ActionCaller,
     Path(id): Path<String>,
+    RawBody(bytes): RawBody,
 ) -> Response {
     let result = async {
+        let body = SnapshotBody::parse(&bytes)?;
         let (located, adapter) = authorize(
             &state,
             &caller,
             &id,
             "lifecycle",
             "snapshot",
-            json!({}),
+            json!({"kind": body.kind.as_deref().unwrap_or("provider")}),
             LIVE,
         )
         .await?;
-        let info = adapter
-            .snapshot(instance(&located))
-            .await
-            .map_err(op_error)?;
         let Some(placement) = located.placement.clone() else {
             return Err(not_found(&id));
         };
-        let row = crate::store::snapshots::SnapshotRow {
-            id: info.id.clone(),
+        let mut row = crate::store::snapshots::SnapshotRow {
+            id: String::new(),
             workspace: located.row.workspace.clone(),
             sandbox_id: id.clone(),
             pool: placement.pool,
             provider: placement.provider,
-            size_bytes: info.size_bytes as i64,
+            size_bytes: 0,
             created_ms: crate::create::now_ms(),
+            kind: crate::store::snapshots::PROVIDER_SNAPSHOT.into(),
         };
-        if let Err(e) = state.sandboxes.store().insert_snapshot(&row).await {
+        if body.is_filesystem() {
+            let roots = body
+                .paths
+                .clone()
+                .unwrap_or_else(|| vec!["/home/user".into()]);
+            let limits = crate::providers::export::Limits {
+                max_bytes: MAX_EXPORT_BYTES,
+                ..Default::default()
+            };
+            let (archive, summary) = crate::providers::export::export(
+                adapter.as_ref(),
+                instance(&located),
+                &roots,
+                limits,
+            )
+            .await
+            .map_err(op_error)?;
+            row.id = format!("fsx-{}", crate::create::random_hex(12));
+            row.kind = crate::store::snapshots::FILESYSTEM_EXPORT.into();
+            row.size_bytes = archive.len() as i64;
+            state
+                .sandboxes
+                .store()
+                .insert_snapshot(&row, Some(&archive))
+                .await
+                .map_err(|e| crate::create::internal(format!("recording the export: {e}")))?;
+            return Ok(json!({"snapshot": row, "export": summary}));
+        }
+        let info = adapter
+            .snapshot(instance(&located))
+            .await
+            .map_err(op_error)?;
+        row.id = info.id.clone();
+        row.size_bytes = info.size_bytes as i64;
+        if let Err(e) = state.sandboxes.store().insert_snapshot(&row, None).await {
             let _ = adapter.delete_snapshot(&info.id).await;
             return Err(crate::create::internal(format!(
                 "recording the snapshot: {e}"
             )));
         }
-        Ok(row)
+        Ok(json!({"snapshot": row}))
     }
     .await;
     match result {
-        Ok(row) => (StatusCode::CREATED, Json(json!({"snapshot": row}))).into_response(),
+        Ok(body) => (StatusCode::CREATED, Json(body)).into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -861,7 +958,13 @@ pub async fn delete_snapshot(
         }
         Err(e) => return crate::create::internal(e).into_response(),
     };
-    if let Some(adapter) = state.sandboxes.providers().for_pool(&row.pool) {
+    let held_by_provider = row.kind == crate::store::snapshots::PROVIDER_SNAPSHOT;
+    if let Some(adapter) = state
+        .sandboxes
+        .providers()
+        .for_pool(&row.pool)
+        .filter(|_| held_by_provider)
+    {
         if let Err(e) = adapter.delete_snapshot(&row.id).await {
             return op_error(e).into_response();
         }

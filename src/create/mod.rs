@@ -52,6 +52,7 @@ use crate::store::sandboxes::{
     AbandonedRow, AttemptEnd, AttemptRow, IdempotencyClaim, InsertOutcome, ListFilter, SandboxRow,
     IN_FLIGHT_STATES,
 };
+use crate::store::snapshots::SnapshotRow;
 use crate::store::{Store, StoreError};
 
 pub use body::CreateBody;
@@ -353,17 +354,17 @@ impl Coordinator {
             Ok(route) => route,
             Err(no) => return Err(no_eligible_reply(no)),
         };
-        let snapshot_pool = match &body.snapshot {
-            Some(snapshot) => Some(self.snapshot_pool(snapshot, &workspace).await?),
+        let snapshot = match &body.snapshot {
+            Some(snapshot) => Some(self.snapshot_row(snapshot, &workspace).await?),
             None => None,
         };
         let candidates: Vec<StoredCandidate> = route
             .candidates
             .iter()
             .filter(|c| {
-                snapshot_pool
-                    .as_deref()
-                    .is_none_or(|p| p == c.pool.as_ref())
+                snapshot
+                    .as_ref()
+                    .is_none_or(|s| self.restorable_on(s, &c.pool))
             })
             .map(|c| StoredCandidate {
                 pool: c.pool.to_string(),
@@ -374,13 +375,8 @@ impl Coordinator {
                 baseline: c.baseline,
             })
             .collect();
-        if let (Some(pool), true) = (&snapshot_pool, candidates.is_empty()) {
-            return Err(ErrorReply::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "no_eligible_pool",
-                format!("the snapshot is held by pool {pool}, which does not satisfy this request"),
-            )
-            .with_details(json!({"field": "snapshot", "pool": pool})));
+        if let (Some(snapshot), true) = (&snapshot, candidates.is_empty()) {
+            return Err(self.unrestorable(snapshot, &route));
         }
 
         let token = random_hex(24);
@@ -437,9 +433,49 @@ impl Coordinator {
         self.respond(&id, Some(&token)).await
     }
 
-    /// The pool holding a snapshot of this workspace (the same answer for "absent" and
-    /// "another workspace's", so ids of other workspaces stay private).
-    async fn snapshot_pool(&self, snapshot: &str, workspace: &str) -> Result<String, ErrorReply> {
+    /// Whether `snapshot` can seed a sandbox on `pool`: a provider snapshot only where it
+    /// was taken (its provider and account), a filesystem export wherever files are written.
+    fn restorable_on(&self, snapshot: &SnapshotRow, pool: &str) -> bool {
+        if snapshot.kind == crate::store::snapshots::FILESYSTEM_EXPORT {
+            let topo = &self.deps.topology;
+            return topo
+                .pool(pool)
+                .is_some_and(|p| p.capabilities.filesystem.write);
+        }
+        snapshot.pool == pool
+    }
+
+    /// The refusal of a create whose snapshot no candidate pool can restore, with an
+    /// `unmet_requirements` entry per pool the route ranked.
+    fn unrestorable(&self, snapshot: &SnapshotRow, route: &sandgate_router::Route) -> ErrorReply {
+        let why = if snapshot.kind == crate::store::snapshots::FILESYSTEM_EXPORT {
+            "snapshot: a filesystem export is restored through the files API; this pool does not write files".to_string()
+        } else {
+            format!(
+                "snapshot: a provider snapshot is restored only on pool {} ({}) where it was taken; a filesystem export (POST /v1/sandboxes/{{id}}/snapshot {{\"kind\": \"filesystem\"}}) can continue on another provider",
+                snapshot.pool, snapshot.provider
+            )
+        };
+        let attempts: Vec<Value> = route
+            .candidates
+            .iter()
+            .map(|c| json!({"provider": c.provider, "pool": c.pool, "unmet_requirements": [why]}))
+            .collect();
+        ErrorReply::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "no_eligible_pool",
+            format!("no pool this request may use can restore snapshot {}", snapshot.id),
+        )
+        .with_details(json!({"field": "snapshot", "pool": snapshot.pool, "kind": snapshot.kind, "attempts": attempts}))
+    }
+
+    /// A snapshot of this workspace (the same answer for "absent" and "another
+    /// workspace's", so ids of other workspaces stay private).
+    async fn snapshot_row(
+        &self,
+        snapshot: &str,
+        workspace: &str,
+    ) -> Result<SnapshotRow, ErrorReply> {
         match self
             .deps
             .store
@@ -447,7 +483,7 @@ impl Coordinator {
             .await
             .map_err(internal)?
         {
-            Some(row) if row.workspace == workspace => Ok(row.pool),
+            Some(row) if row.workspace == workspace => Ok(row),
             _ => Err(ErrorReply::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
@@ -1083,6 +1119,12 @@ impl Coordinator {
         self.deps.store.start_attempt(&attempt, now_ms()).await?;
         let deadline = attempt.started_ms + self.deps.config.provisioning_window_ms as i64;
         let backoff = self.deps.config.retry_backoff_ms as i64;
+        // A provider snapshot seeds the instance; a filesystem export is written after.
+        let seed = self
+            .snapshot_of(job)
+            .await
+            .filter(|s| s.kind == crate::store::snapshots::PROVIDER_SNAPSHOT)
+            .map(|s| s.id);
         let result = loop {
             let egress = match self.remote_egress(job, cand) {
                 Ok(egress) => egress,
@@ -1097,7 +1139,7 @@ impl Coordinator {
                 account: cand.account.clone(),
                 request: job.request.clone(),
                 env: self.placeholder_env(&job.row.id, &job.row.workspace, &job.body),
-                snapshot: job.body.snapshot.clone(),
+                snapshot: seed.clone(),
                 egress,
             };
             match adapter.create(spec).await {
@@ -1340,6 +1382,27 @@ impl Coordinator {
             .await;
             return Ok(Step::Advance);
         }
+        if let Err(message) = self.restore_export(job, cand, instance_id).await {
+            self.end_attempt(
+                attempt,
+                "advanced",
+                ErrorClass::FailedBeforeRunning,
+                &message,
+                Some(instance_id),
+            )
+            .await?;
+            self.sample(&cand.pool, false, None).await;
+            self.destroy(
+                &job.row.id,
+                &cand.pool,
+                &cand.account,
+                &attempt.id,
+                instance_id,
+                "export_not_restored",
+            )
+            .await;
+            return Ok(Step::Advance);
+        }
         let lockdown = self.lockdown(job, cand);
         let now = now_ms();
         let latency = (now - attempt.started_ms) as f64;
@@ -1486,6 +1549,43 @@ impl Coordinator {
 
     /// The egress a hosted sandbox is created with on `cand`'s pool, when it is given the
     /// public proxy (a `gateway` or `advisory` pool with `[proxy] public_url`).
+    /// The snapshot the create names, if any (read again: the create may run after a restart).
+    async fn snapshot_of(&self, job: &Job) -> Option<SnapshotRow> {
+        let id = job.body.snapshot.as_deref()?;
+        self.deps.store.get_snapshot(id).await.ok().flatten()
+    }
+
+    /// Writes a filesystem export the create names into the new instance (its files, never
+    /// memory state); nothing to do for a provider snapshot or none.
+    async fn restore_export(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        instance_id: &str,
+    ) -> Result<(), String> {
+        let Some(snapshot) = self.snapshot_of(job).await else {
+            return Ok(());
+        };
+        if snapshot.kind != crate::store::snapshots::FILESYSTEM_EXPORT {
+            return Ok(());
+        }
+        let archive = match self.deps.store.snapshot_archive(&snapshot.id).await {
+            Ok(Some(archive)) => archive,
+            Ok(None) => return Err(format!("the export {} has no archive", snapshot.id)),
+            Err(e) => return Err(format!("reading the export {}: {e}", snapshot.id)),
+        };
+        let adapter = self
+            .deps
+            .providers
+            .for_pool(&cand.pool)
+            .ok_or("no adapter for the pool")?;
+        let summary = crate::providers::export::restore(adapter.as_ref(), instance_id, &archive)
+            .await
+            .map_err(|e| format!("restoring the export {}: {e}", snapshot.id))?;
+        tracing::info!(sandbox = %job.row.id, export = %snapshot.id, files = summary.files, bytes = summary.bytes, "filesystem export restored");
+        Ok(())
+    }
+
     /// What the adapter set natively for the sandbox's egress on `cand`'s pool (computed
     /// from the same spec it was created with), for its placement record.
     fn lockdown(&self, job: &Job, cand: &StoredCandidate) -> Option<Value> {

@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 
 use super::connect_rpc::{self, Decoder};
 use super::http::{Auth, HttpFailure, ProviderHttp};
-use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle};
+use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle, SandboxEntry};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, Provider,
     ProviderError, RemoteEgress, RuntimeCapabilities, SnapshotInfo, Tags,
@@ -221,6 +221,17 @@ impl E2b {
         Ok(())
     }
 
+    /// A unary Connect call to envd with the JSON codec (`filesystem.Filesystem/...`).
+    async fn envd_unary(&self, id: &str, method: &str, body: Value) -> Result<Value, OpError> {
+        let request = self
+            .envd(id, Method::POST, &format!("/{method}"))
+            .await?
+            .header("Connect-Protocol-Version", "1")
+            .json(&body);
+        let response = self.http.send(request).await.map_err(op_error)?;
+        self.http.json(response).await.map_err(op_error)
+    }
+
     async fn list_page(
         &self,
         metadata: &str,
@@ -304,6 +315,33 @@ fn instance(id: String, metadata: &BTreeMap<String, String>) -> Instance {
         },
         // Paused sandboxes exist and hold capacity; both states are live.
         state: InstanceState::Running,
+    }
+}
+
+/// envd's EntryInfo (proto3 JSON: 64-bit sizes as strings, RFC 3339 times).
+fn entry(value: &Value) -> SandboxEntry {
+    let kind = match value["type"].as_str() {
+        _ if value["isSymlink"] == true => "symlink",
+        Some("FILE_TYPE_FILE") => "file",
+        Some("FILE_TYPE_DIRECTORY") => "dir",
+        _ => "other",
+    };
+    let size = value["size"]
+        .as_u64()
+        .or_else(|| value["size"].as_str()?.parse().ok())
+        .unwrap_or(0);
+    let modified_unix = value["modifiedTime"]
+        .as_str()
+        .and_then(|t| {
+            time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+        })
+        .map_or(0, |t| t.unix_timestamp());
+    SandboxEntry {
+        name: value["name"].as_str().unwrap_or_default().to_string(),
+        kind,
+        size,
+        mode: value["mode"].as_u64().unwrap_or(0) as u32,
+        modified_unix,
     }
 }
 
@@ -501,8 +539,8 @@ impl Provider for E2b {
         &'a self,
         _instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
-        // What this adapter does with E2B: streamed commands it can kill, files read and
-        // written through envd, pause and resume.
+        // What this adapter does with E2B: streamed commands it can kill, files read,
+        // written, listed, removed and made through envd, pause and resume.
         Box::pin(async {
             Ok(RuntimeCapabilities {
                 process_execute: true,
@@ -510,6 +548,9 @@ impl Provider for E2b {
                 process_cancel: true,
                 filesystem_read: true,
                 filesystem_write: true,
+                filesystem_list: true,
+                filesystem_delete: true,
+                filesystem_mkdir: true,
                 pause_resume: true,
                 ..RuntimeCapabilities::NONE
             })
@@ -549,6 +590,57 @@ impl Provider for E2b {
         data: Vec<u8>,
     ) -> BoxFuture<'a, Result<(), OpError>> {
         Box::pin(async move { self.put_file(instance_id, path, data).await })
+    }
+
+    fn list_dir<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<SandboxEntry>, OpError>> {
+        Box::pin(async move {
+            let body = json!({"path": path, "depth": 1});
+            let answer = self
+                .envd_unary(instance_id, "filesystem.Filesystem/ListDir", body)
+                .await?;
+            let entries = answer["entries"].as_array().cloned().unwrap_or_default();
+            Ok(entries.iter().map(entry).collect())
+        })
+    }
+
+    fn remove_path<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        _recursive: bool,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        // envd's Remove removes directories with their contents.
+        Box::pin(async move {
+            self.envd_unary(
+                instance_id,
+                "filesystem.Filesystem/Remove",
+                json!({"path": path}),
+            )
+            .await
+            .map(|_| ())
+        })
+    }
+
+    fn mkdir<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        _parents: bool,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        // envd's MakeDir creates missing parents too.
+        Box::pin(async move {
+            self.envd_unary(
+                instance_id,
+                "filesystem.Filesystem/MakeDir",
+                json!({"path": path}),
+            )
+            .await
+            .map(|_| ())
+        })
     }
 
     fn lifecycle<'a>(

@@ -18,6 +18,7 @@
 pub mod connect_rpc;
 pub mod daytona;
 pub mod e2b;
+pub mod export;
 pub mod vercel;
 pub mod hosted;
 pub mod http;

@@ -1,4 +1,5 @@
-//! Snapshot records: which workspace owns a snapshot and which pool holds its archive.
+//! Snapshot records: which workspace owns a snapshot and which pool holds its archive, or,
+//! for a filesystem export (`kind = "filesystem"`), the archive itself.
 
 use sqlx::Row;
 
@@ -13,13 +14,24 @@ pub struct SnapshotRow {
     pub provider: String,
     pub size_bytes: i64,
     pub created_ms: i64,
+    /// `provider` (restorable on `pool` only) or `filesystem` (on any pool writing files).
+    pub kind: String,
 }
 
+/// The kinds of snapshot.
+pub const PROVIDER_SNAPSHOT: &str = "provider";
+pub const FILESYSTEM_EXPORT: &str = "filesystem";
+
 impl Store {
-    pub async fn insert_snapshot(&self, row: &SnapshotRow) -> Result<(), StoreError> {
+    /// Records a snapshot; `archive` is a filesystem export's archive.
+    pub async fn insert_snapshot(
+        &self,
+        row: &SnapshotRow,
+        archive: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO snapshots (id, workspace, sandbox_id, pool, provider, size_bytes, created_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO snapshots (id, workspace, sandbox_id, pool, provider, size_bytes, created_ms, kind, archive)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )
         .bind(&row.id)
         .bind(&row.workspace)
@@ -28,6 +40,8 @@ impl Store {
         .bind(&row.provider)
         .bind(row.size_bytes)
         .bind(row.created_ms)
+        .bind(&row.kind)
+        .bind(archive)
         .execute(self.sqlite_pool())
         .await?;
         Ok(())
@@ -35,7 +49,7 @@ impl Store {
 
     pub async fn get_snapshot(&self, id: &str) -> Result<Option<SnapshotRow>, StoreError> {
         let row = sqlx::query(
-            "SELECT id, workspace, sandbox_id, pool, provider, size_bytes, created_ms
+            "SELECT id, workspace, sandbox_id, pool, provider, size_bytes, created_ms, kind
              FROM snapshots WHERE id = ?1",
         )
         .bind(id)
@@ -49,7 +63,17 @@ impl Store {
             provider: r.get("provider"),
             size_bytes: r.get("size_bytes"),
             created_ms: r.get("created_ms"),
+            kind: r.get("kind"),
         }))
+    }
+
+    /// A filesystem export's archive (`None` for a provider snapshot or no snapshot).
+    pub async fn snapshot_archive(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let row = sqlx::query("SELECT archive FROM snapshots WHERE id = ?1")
+            .bind(id)
+            .fetch_optional(self.sqlite_pool())
+            .await?;
+        Ok(row.and_then(|r| r.get::<Option<Vec<u8>>, _>("archive")))
     }
 
     pub async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {

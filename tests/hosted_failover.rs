@@ -1,0 +1,303 @@
+//! Across hosted providers, through the whole gateway: a pool of kind `e2b` and one of kind
+//! `daytona`, each account pointing at its fake (`tests/common/fakes`, each proven with the
+//! provider's official SDK). Failover crosses providers under one sandbox id, a restricted
+//! create is locked down on Daytona too, and a sandbox continues on another provider from a
+//! filesystem export (a provider snapshot cannot cross).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::fakes::daytona::{FakeDaytona, FakeDaytonaConfig};
+use common::fakes::e2b::{FakeE2b, FakeE2bConfig};
+use common::*;
+use serde_json::{json, Value};
+
+const API_TOKEN: &str = "api-token-ws-a-0123456789";
+
+struct Env {
+    gw: Gateway,
+    e2b: FakeE2b,
+    daytona: FakeDaytona,
+    http: reqwest::Client,
+    _keys: tempfile::TempDir,
+}
+
+/// Pools `a-e2b` and `b-daytona` (tried in that order), `[proxy] public_url` on 127.0.0.1.
+async fn start(create: &str) -> Env {
+    init();
+    let e2b = FakeE2b::start(FakeE2bConfig::default()).await;
+    let daytona = FakeDaytona::start(FakeDaytonaConfig {
+        start_delay: Duration::from_millis(50),
+        ..FakeDaytonaConfig::default()
+    })
+    .await;
+    let keys = tempfile::tempdir().unwrap();
+    let key = |name: &str, value: &str| {
+        let path = keys.path().join(name);
+        std::fs::write(&path, value).unwrap();
+        path.display().to_string()
+    };
+    let topology = format!(
+        r#"
+[[providers]]
+name = "e2b"
+[[providers]]
+name = "daytona"
+
+[[accounts]]
+name = "e2b-main"
+provider = "e2b"
+base_url = "{e2b_url}"
+api_key_file = {e2b_key:?}
+options = {{ sandbox_url = "{e2b_url}" }}
+[[accounts]]
+name = "daytona-main"
+provider = "daytona"
+base_url = "{daytona_url}"
+api_key_file = {daytona_key:?}
+
+[[pools]]
+name = "a-e2b"
+provider = "e2b"
+account = "e2b-main"
+[[pools]]
+name = "b-daytona"
+provider = "daytona"
+account = "daytona-main"
+"#,
+        e2b_url = e2b.url(),
+        e2b_key = key("e2b.key", e2b.api_key()),
+        daytona_url = daytona.api_url(),
+        daytona_key = key("daytona.key", daytona.api_key()),
+    );
+    let gw = Gateway::start(GatewayOptions {
+        identities: vec![],
+        // The advertised proxy address; these tests do not dial it.
+        proxy_toml: "public_url = \"http://127.0.0.1:3999\"\n".into(),
+        extra_toml: format!(
+            r#"
+[[api.tokens]]
+token = "{API_TOKEN}"
+principal = "alice"
+workspace = "ws-a"
+[create]
+short_wait_ms = 8000
+{create}
+{topology}
+"#
+        ),
+        ..GatewayOptions::default()
+    })
+    .await;
+    Env {
+        gw,
+        e2b,
+        daytona,
+        http: reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+        _keys: keys,
+    }
+}
+
+impl Env {
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.gw.api(path))
+            .bearer_auth(API_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn running(&self, body: Value) -> Value {
+        let (status, created) = self.post("/v1/sandboxes", body).await;
+        assert!(status == 201 || status == 202, "{status}: {created:#}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let view: Value = self
+                .http
+                .get(self.gw.api(&format!("/v1/sandboxes/{id}")))
+                .bearer_auth(API_TOKEN)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if view["state"] != "provisioning" && view["state"] != "pending"
+                || Instant::now() > deadline
+            {
+                assert_eq!(view["state"], "running", "{view:#}");
+                return view;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn put_file(&self, id: &str, path: &str, data: &[u8]) {
+        let r = self
+            .http
+            .put(
+                self.gw
+                    .api(&format!("/v1/sandboxes/{id}/files/content?path={path}")),
+            )
+            .bearer_auth(API_TOKEN)
+            .body(data.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+
+    async fn get_file(&self, id: &str, path: &str) -> (u16, Vec<u8>) {
+        let r = self
+            .http
+            .get(
+                self.gw
+                    .api(&format!("/v1/sandboxes/{id}/files/content?path={path}")),
+            )
+            .bearer_auth(API_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.bytes().await.unwrap().to_vec())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn capacity_on_e2b_advances_to_daytona_under_one_sandbox_id() {
+    let env = start("provisioning_window_ms = 200\nretry_backoff_ms = 20\n").await;
+    env.e2b
+        .script(["capacity", "capacity", "capacity", "capacity", "capacity"]);
+    let view = env.running(json!({"labels": {"t": "cross"}})).await;
+    let id = view["id"].as_str().unwrap();
+    assert_eq!(view["placement"]["pool"], "b-daytona", "{view:#}");
+    assert_eq!(view["placement"]["provider"], "daytona");
+    let attempts = view["attempts"].as_array().unwrap();
+    assert_eq!(attempts[0]["pool"], "a-e2b");
+    assert_eq!(attempts[0]["error_class"], "capacity", "{view:#}");
+    assert_eq!(env.e2b.live_count(), 0, "{:?}", env.e2b.live());
+    let live = env.daytona.live();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].labels["sandgate_sandbox"], id);
+    assert_eq!(view["placement"]["instance_id"], live[0].id.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restricted_create_on_daytona_is_locked_to_the_gateway() {
+    let env = start("").await;
+    let view = env
+        .running(json!({
+            "network": {"allow_domains": ["api.a.test"]},
+            "routing": {"order": ["daytona"]},
+        }))
+        .await;
+    let id = view["id"].as_str().unwrap();
+    assert_eq!(view["placement"]["pool"], "b-daytona", "{view:#}");
+    let instance = view["placement"]["instance_id"].as_str().unwrap();
+    let sandbox = env.daytona.sandbox(instance).unwrap();
+    assert_eq!(sandbox.network_allow_list.as_deref(), Some("127.0.0.1/32"));
+    assert!(!sandbox.network_block_all);
+    assert_eq!(view["egress"]["enforcement"], "gateway");
+    assert!(view["placement"]["lockdown"].is_object(), "{view:#}");
+    assert_eq!(
+        view["placement"]["lockdown"]["networkAllowList"], "127.0.0.1/32",
+        "{view:#}"
+    );
+    assert!(sandbox.env["HTTPS_PROXY"].starts_with(&format!("http://{id}:")));
+    assert!(sandbox.env["HTTPS_PROXY"].ends_with("@127.0.0.1:3999"));
+    let ca_path = sandbox.env["SSL_CERT_FILE"].clone();
+    assert_eq!(
+        env.daytona.file(instance, &ca_path).unwrap(),
+        env.gw.sandgate_ca_pem
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_filesystem_export_continues_on_another_provider_and_a_provider_snapshot_does_not() {
+    let env = start("").await;
+    let first = env.running(json!({"routing": {"order": ["e2b"]}})).await;
+    let first_id = first["id"].as_str().unwrap();
+    assert_eq!(first["placement"]["pool"], "a-e2b");
+    let data: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+    env.put_file(first_id, "/home/user/work/data.bin", &data)
+        .await;
+    env.put_file(first_id, "/home/user/notes.txt", b"continue me")
+        .await;
+
+    // A provider snapshot stays with E2B: asking for Daytona is refused, saying why.
+    let (status, snap) = env
+        .post(&format!("/v1/sandboxes/{first_id}/snapshot"), json!({}))
+        .await;
+    assert_eq!(status, 201, "{snap:#}");
+    assert_eq!(snap["snapshot"]["kind"], "provider");
+    let (status, refused) = env
+        .post(
+            "/v1/sandboxes",
+            json!({"snapshot": snap["snapshot"]["id"], "routing": {"order": ["daytona"]}, "provider": "daytona"}),
+        )
+        .await;
+    assert_eq!(status, 422, "{refused:#}");
+    assert_eq!(refused["error"]["code"], "no_eligible_pool");
+    let unmet = refused["error"]["details"]["attempts"][0]["unmet_requirements"][0]
+        .as_str()
+        .unwrap();
+    assert!(unmet.contains("filesystem export"), "{unmet}");
+
+    // A filesystem export moves the files (not the processes) to Daytona.
+    let (status, export) = env
+        .post(
+            &format!("/v1/sandboxes/{first_id}/snapshot"),
+            json!({"kind": "filesystem", "paths": ["/home/user"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{export:#}");
+    assert_eq!(export["snapshot"]["kind"], "filesystem");
+    assert!(
+        export["export"]["files"].as_u64().unwrap() >= 2,
+        "{export:#}"
+    );
+    let second = env
+        .running(json!({"snapshot": export["snapshot"]["id"], "provider": "daytona"}))
+        .await;
+    let second_id = second["id"].as_str().unwrap();
+    assert_eq!(second["placement"]["pool"], "b-daytona", "{second:#}");
+    let (status, got) = env.get_file(second_id, "/home/user/work/data.bin").await;
+    assert_eq!(status, 200);
+    assert_eq!(got, data);
+    let (_, notes) = env.get_file(second_id, "/home/user/notes.txt").await;
+    assert_eq!(notes, b"continue me");
+    let instance = second["placement"]["instance_id"].as_str().unwrap();
+    assert_eq!(
+        env.daytona.file(instance, "/home/user/notes.txt").unwrap(),
+        b"continue me"
+    );
+
+    // Bad export requests change nothing.
+    for body in [
+        json!({"kind": "memory"}),
+        json!({"kind": "filesystem", "paths": ["relative"]}),
+        json!({"kind": "filesystem", "paths": ["/home/../etc"]}),
+        json!({"paths": ["/home/user"]}),
+        json!({"kind": "filesystem", "extra": 1}),
+    ] {
+        let (status, reply) = env
+            .post(&format!("/v1/sandboxes/{first_id}/snapshot"), body.clone())
+            .await;
+        assert_eq!(status, 400, "{body}: {reply:#}");
+        assert_eq!(reply["error"]["code"], "invalid_request", "{reply:#}");
+    }
+}
