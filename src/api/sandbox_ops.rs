@@ -865,7 +865,10 @@ pub async fn snapshot(
             &id,
             "lifecycle",
             "snapshot",
-            json!({"kind": body.kind.as_deref().unwrap_or("provider")}),
+            json!({"snapshot": {
+                "kind": body.kind.as_deref().unwrap_or("provider"),
+                "paths": body.paths,
+            }}),
             LIVE,
         )
         .await?;
