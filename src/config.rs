@@ -345,7 +345,12 @@ impl ProxyConfig {
         }
         let name = self.public_name.clone().or_else(|| {
             let url = PublicUrl::parse(self.public_url.as_deref()?).ok()?;
-            Some(url.host.trim_start_matches('[').trim_end_matches(']').to_string())
+            Some(
+                url.host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_string(),
+            )
         })?;
         Some(ProxyCertificate::Issued { name })
     }
@@ -862,7 +867,9 @@ impl Config {
                 let kind = provider
                     .kind
                     .or_else(|| sandgate_router::ProviderKind::from_name(&provider.name));
-                if declared.is_none() && kind.is_some_and(crate::providers::hosted::locks_to_gateway) {
+                if declared.is_none()
+                    && kind.is_some_and(crate::providers::hosted::locks_to_gateway)
+                {
                     pool.egress = Some(sandgate_router::EgressEnforcement::Gateway);
                 }
             }

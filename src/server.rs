@@ -250,7 +250,8 @@ impl Server {
                 .compile()
                 .map_err(|e| StartError::Routing(e.to_string()))?,
         );
-        let mut providers = crate::providers::ProviderRegistry::from_config(&config, &topology, &upstream_tls)?;
+        let mut providers =
+            crate::providers::ProviderRegistry::from_config(&config, &topology, &upstream_tls)?;
         let local_pools: Vec<String> = topology
             .pools()
             .iter()
@@ -414,11 +415,10 @@ fn remote_gateway(
     let Some(url) = config.proxy.public_url() else {
         return Ok(None);
     };
-    let ca_pem =
-        std::fs::read_to_string(ca_cert_path).map_err(|source| StartError::CaFile {
-            path: ca_cert_path.to_path_buf(),
-            source,
-        })?;
+    let ca_pem = std::fs::read_to_string(ca_cert_path).map_err(|source| StartError::CaFile {
+        path: ca_cert_path.to_path_buf(),
+        source,
+    })?;
     Ok(Some(crate::create::RemoteGateway { url, ca_pem }))
 }
 

@@ -19,12 +19,12 @@ pub mod connect_rpc;
 pub mod daytona;
 pub mod e2b;
 pub mod export;
-pub mod vercel;
 pub mod hosted;
 pub mod http;
 pub mod local;
 pub mod ops;
 pub mod simulated;
+pub mod vercel;
 
 use std::collections::HashMap;
 use std::future::Future;
