@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::fakes::daytona::{FakeDaytona, FakeDaytonaConfig};
 use common::fakes::e2b::{FakeE2b, FakeE2bConfig};
+use common::fakes::vercel::{FakeVercel, FakeVercelConfig};
 use common::*;
 use serde_json::{json, Value};
 
@@ -19,17 +20,24 @@ struct Env {
     gw: Gateway,
     e2b: FakeE2b,
     daytona: FakeDaytona,
+    vercel: FakeVercel,
     http: reqwest::Client,
     _keys: tempfile::TempDir,
 }
 
-/// Pools `a-e2b` and `b-daytona` (tried in that order), `[proxy] public_url` on 127.0.0.1.
+/// Pools `a-e2b`, `b-daytona` and `c-vercel` (tried in that order), `[proxy] public_url`
+/// on 127.0.0.1.
 async fn start(create: &str) -> Env {
     init();
     let e2b = FakeE2b::start(FakeE2bConfig::default()).await;
     let daytona = FakeDaytona::start(FakeDaytonaConfig {
         start_delay: Duration::from_millis(50),
         ..FakeDaytonaConfig::default()
+    })
+    .await;
+    let vercel = FakeVercel::start(FakeVercelConfig {
+        start_delay: Duration::from_millis(50),
+        ..FakeVercelConfig::default()
     })
     .await;
     let keys = tempfile::tempdir().unwrap();
@@ -44,6 +52,8 @@ async fn start(create: &str) -> Env {
 name = "e2b"
 [[providers]]
 name = "daytona"
+[[providers]]
+name = "vercel"
 
 [[accounts]]
 name = "e2b-main"
@@ -57,6 +67,13 @@ provider = "daytona"
 base_url = "{daytona_url}"
 api_key_file = {daytona_key:?}
 
+[[accounts]]
+name = "vercel-main"
+provider = "vercel"
+base_url = "{vercel_url}"
+api_key_file = {vercel_key:?}
+options = {{ team_id = "{team}", project_id = "{project}" }}
+
 [[pools]]
 name = "a-e2b"
 provider = "e2b"
@@ -65,11 +82,19 @@ account = "e2b-main"
 name = "b-daytona"
 provider = "daytona"
 account = "daytona-main"
+[[pools]]
+name = "c-vercel"
+provider = "vercel"
+account = "vercel-main"
 "#,
         e2b_url = e2b.url(),
         e2b_key = key("e2b.key", e2b.api_key()),
         daytona_url = daytona.api_url(),
         daytona_key = key("daytona.key", daytona.api_key()),
+        vercel_url = vercel.url(),
+        vercel_key = key("vercel.key", vercel.token()),
+        team = vercel.team_id(),
+        project = vercel.project_id(),
     );
     let gw = Gateway::start(GatewayOptions {
         identities: vec![],
@@ -94,6 +119,7 @@ short_wait_ms = 8000
         gw,
         e2b,
         daytona,
+        vercel,
         http: reqwest::Client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(30))
@@ -300,4 +326,56 @@ async fn a_filesystem_export_continues_on_another_provider_and_a_provider_snapsh
         assert_eq!(status, 400, "{body}: {reply:#}");
         assert_eq!(reply["error"]["code"], "invalid_request", "{reply:#}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_walks_e2b_then_daytona_then_vercel_and_locks_vercel_down() {
+    let env = start("provisioning_window_ms = 200\nretry_backoff_ms = 20\n").await;
+    env.e2b.script(["capacity"; 8]);
+    env.daytona.script(["capacity"; 8]);
+    let view = env
+        .running(json!({"network": {"allow_domains": ["api.a.test"]}}))
+        .await;
+    let id = view["id"].as_str().unwrap();
+    assert_eq!(view["placement"]["pool"], "c-vercel", "{view:#}");
+    let attempts: Vec<(&str, &str)> = view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["pool"].as_str().unwrap(),
+                a["error_class"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        attempts,
+        vec![
+            ("a-e2b", "capacity"),
+            ("b-daytona", "capacity"),
+            ("c-vercel", "-")
+        ],
+        "{view:#}"
+    );
+    assert_eq!(env.e2b.live_count() + env.daytona.live_count(), 0);
+    let instance = view["placement"]["instance_id"].as_str().unwrap();
+    let sandbox = env.vercel.sandbox(instance).unwrap();
+    assert_eq!(sandbox.tags["sandgate_sandbox"], id);
+    assert_eq!(
+        sandbox.network_policy,
+        Some(view["placement"]["lockdown"].clone()),
+        "the policy sent is the one recorded"
+    );
+    assert_eq!(
+        view["placement"]["lockdown"]["subnets"]["allow"],
+        json!(["127.0.0.1/32"]),
+        "{view:#}"
+    );
+    assert!(sandbox.env["HTTPS_PROXY"].ends_with("@127.0.0.1:3999"));
+    let ca = env
+        .vercel
+        .file(instance, &sandbox.env["SSL_CERT_FILE"])
+        .expect("the CA was written through fs/write");
+    assert_eq!(ca, env.gw.sandgate_ca_pem);
 }
