@@ -499,7 +499,7 @@ async fn a_late_instance_is_deleted_by_the_janitor() {
         vec![
             FakeE2bConfig {
                 hang: Duration::from_millis(200),
-                appear_after: Duration::from_millis(1500),
+                appear_after: Duration::from_millis(3000),
                 ..FakeE2bConfig::default()
             },
             FakeE2bConfig::default(),
