@@ -18,6 +18,7 @@ use sandgate_router::{AccountConfig, ProviderKind};
 
 use super::daytona::{Daytona, DaytonaAccount};
 use super::e2b::{E2b, E2bAccount};
+use super::runloop::{Runloop, RunloopAccount};
 use super::vercel::{Vercel, VercelAccount};
 use super::Provider;
 use crate::credentials::Secret;
@@ -46,7 +47,7 @@ impl AccountError {
 pub fn has_adapter(kind: ProviderKind) -> bool {
     matches!(
         kind,
-        ProviderKind::E2b | ProviderKind::Daytona | ProviderKind::Vercel
+        ProviderKind::E2b | ProviderKind::Daytona | ProviderKind::Vercel | ProviderKind::Runloop
     )
 }
 
@@ -93,6 +94,14 @@ pub fn build(
                 .map_err(|(field, m)| AccountError::new(account, &field, m))?;
             Arc::new(
                 Vercel::new(settings, tls.clone())
+                    .map_err(|m| AccountError::new(account, "base_url", m))?,
+            )
+        }
+        ProviderKind::Runloop => {
+            let settings = RunloopAccount::from_options(base_url, &account.options, key)
+                .map_err(|(field, m)| AccountError::new(account, &field, m))?;
+            Arc::new(
+                Runloop::new(settings, tls.clone())
                     .map_err(|m| AccountError::new(account, "base_url", m))?,
             )
         }

@@ -23,6 +23,7 @@ pub mod hosted;
 pub mod http;
 pub mod local;
 pub mod ops;
+pub mod runloop;
 pub mod simulated;
 pub mod vercel;
 

@@ -3,4 +3,5 @@
 
 pub mod daytona;
 pub mod e2b;
+pub mod runloop;
 pub mod vercel;
