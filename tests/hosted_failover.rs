@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::fakes::daytona::{FakeDaytona, FakeDaytonaConfig};
 use common::fakes::e2b::{FakeE2b, FakeE2bConfig};
+use common::fakes::runloop::{FakeRunloop, FakeRunloopConfig};
 use common::fakes::vercel::{FakeVercel, FakeVercelConfig};
 use common::*;
 use serde_json::{json, Value};
@@ -21,12 +22,13 @@ struct Env {
     e2b: FakeE2b,
     daytona: FakeDaytona,
     vercel: FakeVercel,
+    runloop: FakeRunloop,
     http: reqwest::Client,
     _keys: tempfile::TempDir,
 }
 
-/// Pools `a-e2b`, `b-daytona` and `c-vercel` (tried in that order), `[proxy] public_url`
-/// on 127.0.0.1.
+/// Pools `a-e2b`, `b-daytona`, `c-vercel` and `d-runloop` (tried in that order),
+/// `[proxy] public_url` on 127.0.0.1.
 async fn start(create: &str) -> Env {
     init();
     let e2b = FakeE2b::start(FakeE2bConfig::default()).await;
@@ -38,6 +40,11 @@ async fn start(create: &str) -> Env {
     let vercel = FakeVercel::start(FakeVercelConfig {
         start_delay: Duration::from_millis(50),
         ..FakeVercelConfig::default()
+    })
+    .await;
+    let runloop = FakeRunloop::start(FakeRunloopConfig {
+        boot_delay: Duration::from_millis(50),
+        ..FakeRunloopConfig::default()
     })
     .await;
     let keys = tempfile::tempdir().unwrap();
@@ -54,6 +61,8 @@ name = "e2b"
 name = "daytona"
 [[providers]]
 name = "vercel"
+[[providers]]
+name = "runloop"
 
 [[accounts]]
 name = "e2b-main"
@@ -74,6 +83,12 @@ base_url = "{vercel_url}"
 api_key_file = {vercel_key:?}
 options = {{ team_id = "{team}", project_id = "{project}" }}
 
+[[accounts]]
+name = "runloop-main"
+provider = "runloop"
+base_url = "{runloop_url}"
+api_key_file = {runloop_key:?}
+
 [[pools]]
 name = "a-e2b"
 provider = "e2b"
@@ -86,6 +101,10 @@ account = "daytona-main"
 name = "c-vercel"
 provider = "vercel"
 account = "vercel-main"
+[[pools]]
+name = "d-runloop"
+provider = "runloop"
+account = "runloop-main"
 "#,
         e2b_url = e2b.url(),
         e2b_key = key("e2b.key", e2b.api_key()),
@@ -95,6 +114,8 @@ account = "vercel-main"
         vercel_key = key("vercel.key", vercel.token()),
         team = vercel.team_id(),
         project = vercel.project_id(),
+        runloop_url = runloop.url(),
+        runloop_key = key("runloop.key", runloop.api_key()),
     );
     let gw = Gateway::start(GatewayOptions {
         identities: vec![],
@@ -120,6 +141,7 @@ short_wait_ms = 8000
         e2b,
         daytona,
         vercel,
+        runloop,
         http: reqwest::Client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(30))
@@ -377,5 +399,36 @@ async fn failover_walks_e2b_then_daytona_then_vercel_and_locks_vercel_down() {
         .vercel
         .file(instance, &sandbox.env["SSL_CERT_FILE"])
         .expect("the CA was written through fs/write");
+    assert_eq!(ca, env.gw.sandgate_ca_pem);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restricted_create_on_runloop_is_locked_to_the_gateway() {
+    let env = start("").await;
+    let view = env
+        .running(json!({
+            "network": {"allow_domains": ["api.a.test"]},
+            "routing": {"order": ["runloop"]},
+        }))
+        .await;
+    let id = view["id"].as_str().unwrap();
+    assert_eq!(view["placement"]["pool"], "d-runloop", "{view:#}");
+    let instance = view["placement"]["instance_id"].as_str().unwrap();
+    let devbox = env.runloop.devbox(instance).unwrap();
+    assert_eq!(devbox.metadata["sandgate_sandbox"], id);
+    let policy = devbox.policy.expect("a network policy is attached");
+    assert!(!policy.allow_all);
+    assert!(policy.allowed_hostnames.is_empty(), "{policy:?}");
+    assert_eq!(policy.allowed_cidrs.len(), 1, "{policy:?}");
+    assert_eq!(policy.allowed_cidrs[0]["cidr"], "127.0.0.1/32");
+    assert!(!policy.allow_devbox_to_devbox && !policy.allow_runloop_mirrors);
+    assert!(view["placement"]["lockdown"].is_object(), "{view:#}");
+    assert_eq!(view["egress"]["enforcement"], "gateway");
+    let env_vars = devbox.environment_variables;
+    assert!(env_vars["HTTPS_PROXY"].starts_with(&format!("http://{id}:")));
+    let ca = env
+        .runloop
+        .file(instance, &env_vars["SSL_CERT_FILE"])
+        .expect("the CA was written");
     assert_eq!(ca, env.gw.sandgate_ca_pem);
 }
