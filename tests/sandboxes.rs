@@ -1014,3 +1014,33 @@ apply = {{ type = "header", name = "x-theirs", template = "{{secret}}" }}
     .unwrap();
     assert_eq!(status, 407);
 }
+
+/// Seed 000: "Candidates must be unique." A repeated provider in the explicit provider and
+/// its fallbacks, or in `routing.order`, is refused before anything is created.
+#[tokio::test]
+async fn repeated_candidates_are_refused_naming_the_field() {
+    let env = start("").await;
+    for (body, field) in [
+        (
+            json!({"provider": "sim", "fallback_providers": ["sim"]}),
+            "fallback_providers[0]",
+        ),
+        (
+            json!({"routing": {"order": ["sim", "sim"]}}),
+            "routing.order[1]",
+        ),
+    ] {
+        let (status, reply) = env.create(body.clone(), None).await;
+        assert_eq!(status, 400, "{body}: {reply}");
+        assert_eq!(reply["error"]["code"], "invalid_request", "{reply}");
+        assert_eq!(reply["error"]["details"]["field"], field, "{reply}");
+        assert!(
+            reply["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("\"sim\""),
+            "{reply}"
+        );
+    }
+    assert_eq!(env.sim("pool-a").create_calls(), 0, "nothing was created");
+}

@@ -462,6 +462,23 @@ impl Request {
             c.name("provider", p)?;
         }
         c.names("fallback_providers", &self.fallback_providers)?;
+        // Seed 000: "Candidates must be unique." The explicit provider and its fallbacks
+        // are one candidate list.
+        let candidates: Vec<&String> = self
+            .provider
+            .iter()
+            .chain(&self.fallback_providers)
+            .collect();
+        if let Some(i) = first_repeat(&candidates) {
+            let at = i - usize::from(self.provider.is_some());
+            return c.fail(
+                &format!("fallback_providers[{at}]"),
+                format!(
+                    "repeats provider {:?}: candidates must be unique",
+                    candidates[i]
+                ),
+            );
+        }
         if let Some(source) = &self.source {
             let (field, text) = match source {
                 Source::Environment(t) => ("source.environment", t),
@@ -584,9 +601,23 @@ impl Routing {
         }
         if let Some(Order::Providers(names)) = &self.order {
             c.names("order", names)?;
+            let names: Vec<&String> = names.iter().collect();
+            if let Some(i) = first_repeat(&names) {
+                return c.fail(
+                    &format!("order[{i}]"),
+                    format!("repeats provider {:?}: candidates must be unique", names[i]),
+                );
+            }
         }
         Ok(())
     }
+}
+
+/// The index of the first name that appeared earlier in `names`. The names were checked
+/// as names first, so quoting one in an error is safe.
+fn first_repeat(names: &[&String]) -> Option<usize> {
+    let mut seen = std::collections::HashSet::new();
+    names.iter().position(|n| !seen.insert(n.as_str()))
 }
 
 #[cfg(test)]
@@ -639,6 +670,30 @@ mod tests {
             field(serde_json::json!({"resources": {"gpu": 65}})),
             "resources.gpu"
         );
+    }
+
+    #[test]
+    fn candidates_must_be_unique() {
+        // Seed 000: "Candidates must be unique."
+        let e =
+            check(serde_json::json!({"provider": "e2b", "fallback_providers": ["daytona", "e2b"]}))
+                .unwrap_err();
+        assert_eq!(e.field, "fallback_providers[1]");
+        assert!(e.message.contains("\"e2b\""), "{}", e.message);
+        assert_eq!(
+            field(serde_json::json!({"fallback_providers": ["a", "b", "a"]})),
+            "fallback_providers[2]"
+        );
+        assert_eq!(
+            field(serde_json::json!({"routing": {"order": ["e2b", "modal", "e2b"]}})),
+            "routing.order[2]"
+        );
+        for ok in [
+            serde_json::json!({"provider": "e2b", "fallback_providers": ["daytona"]}),
+            serde_json::json!({"routing": {"order": ["e2b", "daytona"]}}),
+        ] {
+            assert!(check(ok.clone()).is_ok(), "{ok}");
+        }
     }
 
     #[test]
