@@ -634,3 +634,33 @@ async fn a_misplaced_package_is_refused_with_file_and_line() {
     assert_eq!(code, Some(0), "{stderr}");
     gw.server.shutdown();
 }
+
+/// `policy check` compiles exactly as the server does: a file the server refuses to load
+/// (a call to a function that does not exist) fails the check too, with the same reason.
+#[tokio::test]
+async fn policy_check_refuses_what_the_server_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    for entry in std::fs::read_dir(&policies).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "rego") {
+            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let (code, stderr) = policy_check(dir.path());
+    assert_eq!(code, Some(0), "the bundled policies pass: {stderr}");
+    std::fs::write(
+        dir.path().join("extra.rego"),
+        "package sandgate.egress\nimport rego.v1\n\ndeny contains \"x\" if { no_such_function(input.host) }\n",
+    )
+    .unwrap();
+    let server = sandgate::policy::PolicyEngine::load(dir.path());
+    let server_error = server
+        .err()
+        .expect("the server refuses the file")
+        .to_string();
+    let (code, stderr) = policy_check(dir.path());
+    assert_eq!(code, Some(1), "policy check must refuse it too: {stderr}");
+    assert!(stderr.contains("no_such_function"), "{stderr}");
+    assert!(server_error.contains("no_such_function"), "{server_error}");
+}

@@ -43,8 +43,11 @@ impl Report {
     }
 }
 
-/// Compiles every policy and test file in `dir`.
+/// Compiles every policy and test file in `dir`: the policies exactly as the server loads
+/// them (the same build, per-layer compilation and evaluator agreement included, so what
+/// passes here is what `serve` accepts), then the test files with them.
 pub fn check(dir: &Path) -> Result<Vec<String>, PolicyError> {
+    super::PolicyEngine::load(dir)?;
     let super::Loaded {
         mut engine, names, ..
     } = build_engine(dir, true)?;
