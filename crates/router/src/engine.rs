@@ -595,9 +595,13 @@ impl<'a> Plan<'a> {
     }
 
     /// The caller named this pool's provider or pinned the pool: only what it asked for applies.
+    /// Whether pool `i` is exempt from the portable baseline: only an explicitly named
+    /// provider is (seed 000: "Explicit providers only need what you request"). A pin is not:
+    /// for a pinned pool "capability, capacity and authorization checks still apply"
+    /// (seed 001), so it keeps the baseline unless the request opts out.
     fn explicit(&self, i: usize) -> bool {
         let pool = &self.topo.pools[i];
-        self.explicit_provider == Some(pool.provider) || self.pin == Some(Some(i))
+        self.explicit_provider == Some(pool.provider)
     }
 
     fn label_match(&self, pool: &Pool, key: &str, pred: impl Fn(&str) -> bool) -> Option<bool> {
@@ -1021,10 +1025,13 @@ impl<'a> Plan<'a> {
         lists
     }
 
+    /// Every pool with its unmet requirements; with a pin on an existing pool, that pool
+    /// only (the others' one reason, "not the pinned pool", explains nothing).
     fn no_eligible(&self, lists: &[Vec<Unmet>]) -> NoEligible {
         let attempts = lists
             .iter()
             .enumerate()
+            .filter(|(i, _)| !matches!(self.pin, Some(Some(p)) if p != *i))
             .map(|(i, l)| {
                 let pool = &self.topo.pools[i];
                 Attempt {

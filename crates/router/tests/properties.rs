@@ -300,8 +300,8 @@ fn satisfies(
     let p = t.pool(&cand.pool).unwrap();
     let caps = &p.capabilities;
     let provider = &*cand.provider;
-    let explicit =
-        r.provider.as_deref() == Some(provider) || r.routing.pin_pool.as_deref() == Some(&*p.name);
+    // Only a named provider is exempt from the baseline; a pin keeps it (seed 001).
+    let explicit = r.provider.as_deref() == Some(provider);
     let order: Option<&Vec<String>> = match &r.routing.order {
         Some(Order::Providers(v)) => Some(v),
         _ => None,
@@ -429,7 +429,10 @@ proptest! {
             }
             Err(e) => {
                 prop_assert_eq!(e.code.as_str(), NO_ELIGIBLE_PROVIDER);
-                prop_assert_eq!(e.details.attempts.len(), pools.len());
+                // Every pool is explained, or only the pinned one when it exists.
+                let pinned = r.routing.pin_pool.as_deref().filter(|p| t.pool(p).is_some());
+                let expected = if pinned.is_some() { 1 } else { pools.len() };
+                prop_assert_eq!(e.details.attempts.len(), expected);
                 prop_assert!(e.details.attempts.iter().all(|a| !a.unmet_requirements.is_empty()));
             }
         }

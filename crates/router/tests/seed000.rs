@@ -123,6 +123,32 @@ fn only_recognized_portable_environments() {
     );
 }
 
+/// A pin is not an explicit provider: "Explicit providers only need what you request"
+/// (seed 000), while for a pinned pool "capability, capacity and authorization checks still
+/// apply" (seed 001). Pinning a lifecycle-only pool with an otherwise automatic request is
+/// refused, and only the pinned pool is explained, with its unmet baseline.
+#[test]
+fn a_pin_keeps_the_portable_baseline() {
+    let t = managed();
+    let pin = json!({"routing": {"pin_pool": "codesandbox-1"}});
+    let e = no_eligible(&t, &req(pin), &ctx());
+    assert_eq!(e.details.attempts.len(), 1, "{:?}", e.details.attempts);
+    let unmet = unmet_for(&e, "codesandbox-1");
+    assert!(
+        unmet.contains(&"features.process.execute".to_string()),
+        "{unmet:?}"
+    );
+    // Naming the provider as well makes it explicit: only what is requested applies.
+    let named = json!({"routing": {"pin_pool": "codesandbox-1"}, "provider": "codesandbox"});
+    assert_eq!(
+        route_pools(&t, &req(named), &ctx()),
+        strs(&["codesandbox-1"])
+    );
+    // A pinned pool that meets the baseline is the one candidate.
+    let ok = json!({"routing": {"pin_pool": "e2b-1"}});
+    assert_eq!(route_pools(&t, &req(ok), &ctx()), strs(&["e2b-1"]));
+}
+
 /// "CodeSandbox and Northflank adapters currently expose lifecycle only, without process
 /// execution or file access, so automatic routing never selects them."
 #[test]
