@@ -654,11 +654,10 @@ async fn policy_check_refuses_what_the_server_refuses() {
         "package sandgate.egress\nimport rego.v1\n\ndeny contains \"x\" if { no_such_function(input.host) }\n",
     )
     .unwrap();
-    let server = sandgate::policy::PolicyEngine::load(dir.path());
-    let server_error = server
-        .err()
-        .expect("the server refuses the file")
-        .to_string();
+    let Err(server_error) = sandgate::policy::PolicyEngine::load(dir.path()) else {
+        panic!("the server refuses the file");
+    };
+    let server_error = server_error.to_string();
     let (code, stderr) = policy_check(dir.path());
     assert_eq!(code, Some(1), "policy check must refuse it too: {stderr}");
     assert!(stderr.contains("no_such_function"), "{stderr}");

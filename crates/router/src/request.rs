@@ -472,7 +472,7 @@ impl Request {
         if let Some(i) = first_repeat(&candidates) {
             let at = i - usize::from(self.provider.is_some());
             return c.fail(
-                &format!("fallback_providers[{at}]"),
+                format!("fallback_providers[{at}]"),
                 format!(
                     "repeats provider {:?}: candidates must be unique",
                     candidates[i]
@@ -604,7 +604,7 @@ impl Routing {
             let names: Vec<&String> = names.iter().collect();
             if let Some(i) = first_repeat(&names) {
                 return c.fail(
-                    &format!("order[{i}]"),
+                    format!("order[{i}]"),
                     format!("repeats provider {:?}: candidates must be unique", names[i]),
                 );
             }
