@@ -33,7 +33,7 @@ pub fn routes() -> Router<ApiState> {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CredentialBody {
+pub(crate) struct CredentialBody {
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
@@ -157,7 +157,19 @@ fn error_reply(e: CredentialError) -> ErrorReply {
     }
 }
 
-async fn list(
+/// The workspace's credentials (metadata only: a secret is never returned).
+#[utoipa::path(
+    get,
+    path = "/v1/workspaces/{ws}/credentials",
+    tag = "credentials",
+    params(("ws" = String, Path, description = "Workspace")),
+    responses(
+        (status = 200, description = "{credentials: [{workspace, name, destinations, apply, placeholder_env, version, ...}]}", body = Object),
+        (status = 403, description = "forbidden: not your workspace")
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn list(
     State(state): State<ApiState>,
     Caller(caller): Caller,
     Path(ws): Path<String>,
@@ -168,7 +180,16 @@ async fn list(
     Json(json!({"credentials": state.credentials.list(&ws)})).into_response()
 }
 
-async fn read(
+/// One credential's metadata (never its secret).
+#[utoipa::path(
+    get,
+    path = "/v1/workspaces/{ws}/credentials/{name}",
+    tag = "credentials",
+    params(("ws" = String, Path, description = "Workspace"), ("name" = String, Path, description = "Credential name")),
+    responses((status = 200, description = "The credential's metadata", body = Object), (status = 404, description = "not_found")),
+    security(("bearer" = []))
+)]
+pub(crate) async fn read(
     State(state): State<ApiState>,
     Caller(caller): Caller,
     Path((ws, name)): Path<(String, String)>,
@@ -186,7 +207,21 @@ async fn read(
     }
 }
 
-async fn create(
+/// Store a credential: `{name, secret, destinations: [{host, ports?, methods?, path_prefixes?}], apply: {type: header|basic|query, ...}, placeholder_env?, user?, scrub_response_body?}`. The secret is sealed at rest and only ever applied outside the sandbox, in its declared slot, to the destinations it is bound to.
+#[utoipa::path(
+    post,
+    path = "/v1/workspaces/{ws}/credentials",
+    tag = "credentials",
+    params(("ws" = String, Path, description = "Workspace")),
+    request_body(content = Object, description = "The credential, with its secret"),
+    responses(
+        (status = 201, description = "The stored credential's metadata", body = Object),
+        (status = 400, description = "invalid_request, naming the field"),
+        (status = 409, description = "already_exists")
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn create(
     State(state): State<ApiState>,
     Caller(caller): Caller,
     Path(ws): Path<String>,
@@ -227,7 +262,17 @@ async fn create(
     }
 }
 
-async fn replace(
+/// Replace a credential (the secret may be omitted to keep it); it cannot be renamed.
+#[utoipa::path(
+    put,
+    path = "/v1/workspaces/{ws}/credentials/{name}",
+    tag = "credentials",
+    params(("ws" = String, Path, description = "Workspace"), ("name" = String, Path, description = "Credential name")),
+    request_body(content = Object, description = "The credential, as for create"),
+    responses((status = 200, description = "The stored credential's metadata", body = Object), (status = 404, description = "not_found")),
+    security(("bearer" = []))
+)]
+pub(crate) async fn replace(
     State(state): State<ApiState>,
     Caller(caller): Caller,
     Path((ws, name)): Path<(String, String)>,
@@ -268,7 +313,16 @@ async fn replace(
     }
 }
 
-async fn remove(
+/// Delete a credential; it stops being applied at once, also on open tunnels.
+#[utoipa::path(
+    delete,
+    path = "/v1/workspaces/{ws}/credentials/{name}",
+    tag = "credentials",
+    params(("ws" = String, Path, description = "Workspace"), ("name" = String, Path, description = "Credential name")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "not_found")),
+    security(("bearer" = []))
+)]
+pub(crate) async fn remove(
     State(state): State<ApiState>,
     Caller(caller): Caller,
     Path((ws, name)): Path<(String, String)>,

@@ -22,7 +22,16 @@ pub fn routes() -> Router<ApiState> {
     Router::new().route("/v1/identities/{id}/env", get(env))
 }
 
-async fn env(
+/// The proxy and CA environment a sandbox identity is given (its token shown as `{token}`).
+#[utoipa::path(
+    get,
+    path = "/v1/identities/{id}/env",
+    tag = "identities",
+    params(("id" = String, Path, description = "Sandbox identity id")),
+    responses((status = 200, description = "{identity, env: {HTTP_PROXY, HTTPS_PROXY, NO_PROXY, SSL_CERT_FILE, ...}}", body = Object), (status = 404, description = "not_found")),
+    security(("bearer" = []))
+)]
+pub async fn env(
     State(state): State<ApiState>,
     Caller(caller): Caller,
     Path(id): Path<String>,

@@ -72,7 +72,8 @@ pub fn router(state: ApiState) -> Router {
 
 /// `status` is `ok`, or `degraded` when the newest policy files failed to load and the
 /// previous generation is still serving (decisions are still made, so this stays 200).
-async fn healthz(State(state): State<ApiState>) -> Response {
+#[utoipa::path(get, path = "/healthz", tag = "service", responses((status = 200, description = "{status: ok | degraded, ...}: degraded while the newest policy files failed to load and the previous generation serves")))]
+pub async fn healthz(State(state): State<ApiState>) -> Response {
     let policy = state.policy.status();
     let status = if policy.last_error.is_some() {
         "degraded"
@@ -88,7 +89,9 @@ async fn healthz(State(state): State<ApiState>) -> Response {
     .into_response()
 }
 
-async fn metrics(State(state): State<ApiState>) -> Response {
+/// Prometheus text exposition
+#[utoipa::path(get, path = "/metrics", tag = "service", responses((status = 200, description = "Prometheus text exposition")))]
+pub async fn metrics(State(state): State<ApiState>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),

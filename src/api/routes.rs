@@ -102,6 +102,15 @@ pub async fn explain(
         super::delegations::revoke,
         explain,
         super::policies::read,
+        super::credentials::list,
+        super::credentials::read,
+        super::credentials::create,
+        super::credentials::replace,
+        super::credentials::remove,
+        super::identities::env,
+        super::healthz,
+        super::metrics,
+        openapi,
     ),
     components(schemas(
         super::sandbox_ops::ExecBody,
@@ -130,6 +139,7 @@ impl utoipa::Modify for BearerAuth {
 }
 
 /// The OpenAPI document, generated from the handlers' annotations.
-async fn openapi() -> Response {
+#[utoipa::path(get, path = "/openapi.json", tag = "service", responses((status = 200, description = "This document (OpenAPI 3.1)", body = Object)))]
+pub async fn openapi() -> Response {
     Json(ApiDoc::openapi()).into_response()
 }
