@@ -12,7 +12,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,35 +27,8 @@ use serde_json::{json, Value};
 
 /// The SDK version the fake was proven against (pinned in `tests/sdk/requirements.txt`).
 const DAYTONA_SDK_VERSION: &str = "0.226.1";
-const DEFAULT_VENV_PYTHON: &str = "/opt/sandgate-sdk-venv/bin/python";
 const GATEWAY: &str = "203.0.113.7";
 const CA_PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIBfakefakefake\n-----END CERTIFICATE-----\n";
-
-fn sdk_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("SANDGATE_SDK_PYTHON").filter(|v| !v.is_empty()) {
-        return PathBuf::from(python);
-    }
-    if Path::new(DEFAULT_VENV_PYTHON).is_file() {
-        return PathBuf::from(DEFAULT_VENV_PYTHON);
-    }
-    PathBuf::from("python3")
-}
-
-/// `Some(reason)` when `python` cannot import the `daytona` package.
-fn sdk_missing(python: &Path) -> Option<String> {
-    match std::process::Command::new(python)
-        .args(["-c", "import daytona"])
-        .output()
-    {
-        Ok(out) if out.status.success() => None,
-        Ok(out) => Some(format!(
-            "{} cannot import daytona: {}",
-            python.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Err(e) => Some(format!("{} does not run: {e}", python.display())),
-    }
-}
 
 fn http() -> reqwest::Client {
     common::init();
@@ -68,8 +41,8 @@ fn http() -> reqwest::Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_python_sdk_accepts_the_fake() {
-    let python = sdk_python();
-    if let Some(reason) = sdk_missing(&python) {
+    let python = common::sdk::python();
+    if let Some(reason) = common::sdk::missing(&python, "daytona") {
         if common::in_ci() {
             panic!(
                 "the Daytona contract test needs the official SDK under CI ({reason}): \

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::fakes::e2b::{CreateOutcome, FakeE2b, FakeE2bConfig, SandboxState};
@@ -18,33 +18,6 @@ use serde_json::{json, Value};
 /// The SDK version the fake was proven against (pinned in `tests/sdk/requirements.txt`,
 /// which `.ci/run` installs).
 const E2B_SDK_VERSION: &str = "2.63.0";
-const DEFAULT_VENV_PYTHON: &str = "/opt/sandgate-sdk-venv/bin/python";
-
-fn sdk_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("SANDGATE_SDK_PYTHON").filter(|v| !v.is_empty()) {
-        return PathBuf::from(python);
-    }
-    if Path::new(DEFAULT_VENV_PYTHON).is_file() {
-        return PathBuf::from(DEFAULT_VENV_PYTHON);
-    }
-    PathBuf::from("python3")
-}
-
-/// `Some(reason)` when `python` cannot import the `e2b` package.
-fn sdk_missing(python: &Path) -> Option<String> {
-    match std::process::Command::new(python)
-        .args(["-c", "import e2b"])
-        .output()
-    {
-        Ok(out) if out.status.success() => None,
-        Ok(out) => Some(format!(
-            "{} cannot import e2b: {}",
-            python.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Err(e) => Some(format!("{} does not run: {e}", python.display())),
-    }
-}
 
 fn http() -> reqwest::Client {
     common::init();
@@ -57,8 +30,8 @@ fn http() -> reqwest::Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_python_sdk_accepts_the_fake() {
-    let python = sdk_python();
-    if let Some(reason) = sdk_missing(&python) {
+    let python = common::sdk::python();
+    if let Some(reason) = common::sdk::missing(&python, "e2b") {
         if common::in_ci() {
             panic!(
                 "the E2B contract test needs the official SDK under CI ({reason}): \

@@ -11,7 +11,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,33 +24,7 @@ use serde_json::{json, Value};
 
 /// The SDK version the fake was proven against (pinned in `tests/sdk/requirements.txt`).
 const RUNLOOP_SDK_VERSION: &str = "3.0.0";
-const DEFAULT_VENV_PYTHON: &str = "/opt/sandgate-sdk-venv/bin/python";
 const CA_PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIBfakeRunloopCA\n-----END CERTIFICATE-----\n";
-
-fn sdk_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("SANDGATE_SDK_PYTHON").filter(|v| !v.is_empty()) {
-        return PathBuf::from(python);
-    }
-    if Path::new(DEFAULT_VENV_PYTHON).is_file() {
-        return PathBuf::from(DEFAULT_VENV_PYTHON);
-    }
-    PathBuf::from("python3")
-}
-
-fn sdk_missing(python: &Path) -> Option<String> {
-    match std::process::Command::new(python)
-        .args(["-c", "import runloop_api_client"])
-        .output()
-    {
-        Ok(out) if out.status.success() => None,
-        Ok(out) => Some(format!(
-            "{} cannot import runloop_api_client: {}",
-            python.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Err(e) => Some(format!("{} does not run: {e}", python.display())),
-    }
-}
 
 fn http() -> reqwest::Client {
     common::init();
@@ -63,8 +37,8 @@ fn http() -> reqwest::Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_python_sdk_accepts_the_fake() {
-    let python = sdk_python();
-    if let Some(reason) = sdk_missing(&python) {
+    let python = common::sdk::python();
+    if let Some(reason) = common::sdk::missing(&python, "runloop_api_client") {
         if common::in_ci() {
             panic!(
                 "the Runloop contract test needs the official SDK under CI ({reason}): \

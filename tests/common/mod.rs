@@ -749,3 +749,4 @@ snapshot_dir = {snaps:?}
 }
 
 pub mod fakes;
+pub mod sdk;
