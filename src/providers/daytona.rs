@@ -67,7 +67,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify};
 
-use super::http::{Auth, HttpFailure, ProviderHttp};
+use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
 use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle, SandboxEntry};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, Provider,
@@ -285,7 +285,7 @@ impl Daytona {
 
     /// `GET /sandbox/{id}`; `None` when Daytona does not know it.
     async fn detail(&self, id: &str) -> Result<Option<SandboxDto>, HttpFailure> {
-        let path = format!("/sandbox/{}", segment(id));
+        let path = format!("/sandbox/{}", path_segment(id));
         match self
             .http
             .send_idempotent(|| self.api(Method::GET, &path))
@@ -478,13 +478,13 @@ impl Daytona {
                 }
             }
         };
-        Ok(format!("{url}/{}", segment(id)))
+        Ok(format!("{url}/{}", path_segment(id)))
     }
 
     /// `GET /sandbox/{id}/toolbox-proxy-url`, for deployments that leave it out of the
     /// sandbox.
     async fn fetch_toolbox_url(&self, id: &str) -> Result<String, OpError> {
-        let path = format!("/sandbox/{}/toolbox-proxy-url", segment(id));
+        let path = format!("/sandbox/{}/toolbox-proxy-url", path_segment(id));
         let response = self
             .http
             .send_idempotent(|| self.api(Method::GET, &path))
@@ -547,7 +547,7 @@ impl Daytona {
             Lifecycle::Start | Lifecycle::Resume => ("start", &["started"]),
             Lifecycle::Pause => ("pause", &["paused"]),
         };
-        let path = format!("/sandbox/{}/{action}", segment(id));
+        let path = format!("/sandbox/{}/{action}", path_segment(id));
         let response = match self.http.send(self.api(Method::POST, &path)).await {
             Ok(response) => response,
             Err(f) => {
@@ -765,22 +765,6 @@ fn is_http_url(url: &str) -> bool {
 
 fn is_gone(state: Option<&str>) -> bool {
     matches!(state, Some("destroyed" | "destroying"))
-}
-
-/// Everything but RFC 3986's unreserved characters (so a UUID passes unchanged).
-const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
-/// A path segment, percent-encoded (ids come from the provider, but never trust them).
-fn segment(id: &str) -> String {
-    match id {
-        // `.` and `..` would change the path.
-        "." | ".." => id.replace('.', "%2E"),
-        _ => percent_encoding::utf8_percent_encode(id, SEGMENT).to_string(),
-    }
 }
 
 fn not_found(id: &str) -> OpError {
@@ -1154,7 +1138,7 @@ impl Provider for Daytona {
 
     fn delete<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
-            let path = format!("/sandbox/{}", segment(instance_id));
+            let path = format!("/sandbox/{}", path_segment(instance_id));
             let started = Instant::now();
             let mut pause = Duration::from_millis(250);
             let result = loop {
@@ -1370,7 +1354,7 @@ impl Provider for Daytona {
     ) -> BoxFuture<'a, Result<SnapshotInfo, OpError>> {
         Box::pin(async move {
             let name = format!("sandgate-{}", crate::create::random_hex(8));
-            let path = format!("/sandbox/{}/snapshot", segment(instance_id));
+            let path = format!("/sandbox/{}/snapshot", path_segment(instance_id));
             let request = self.api(Method::POST, &path).json(&json!({"name": name}));
             let response = self.http.send(request).await.map_err(op_error)?;
             let dto: SandboxDto = self.http.json(response).await.map_err(op_error)?;
@@ -1387,7 +1371,7 @@ impl Provider for Daytona {
             self.wait_for(instance_id, dto, &settled[..4], deadline)
                 .await
                 .map_err(|e| e.into_op_error(instance_id, "snapshot"))?;
-            let snapshot_path = format!("/snapshots/{}", segment(&name));
+            let snapshot_path = format!("/snapshots/{}", path_segment(&name));
             let mut pause = Duration::from_millis(200);
             loop {
                 let response = self
@@ -1432,7 +1416,7 @@ impl Provider for Daytona {
     fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> BoxFuture<'a, Result<(), OpError>> {
         Box::pin(async move {
             // The snapshot is named by its name; Daytona deletes by its own id.
-            let path = format!("/snapshots/{}", segment(snapshot_id));
+            let path = format!("/snapshots/{}", path_segment(snapshot_id));
             let snapshot: SnapshotDto = match self
                 .http
                 .send_idempotent(|| self.api(Method::GET, &path))
@@ -1442,7 +1426,7 @@ impl Provider for Daytona {
                 Err(f) if f.status == Some(StatusCode::NOT_FOUND) => return Ok(()),
                 Err(f) => return Err(op_error(f)),
             };
-            let path = format!("/snapshots/{}", segment(&snapshot.id));
+            let path = format!("/snapshots/{}", path_segment(&snapshot.id));
             match self
                 .http
                 .send_idempotent(|| self.api(Method::DELETE, &path))
@@ -1753,9 +1737,9 @@ mod tests {
 
     #[test]
     fn path_segments() {
-        assert_eq!(segment("0f3e-4b2a_x.y~z"), "0f3e-4b2a_x.y~z");
-        assert_eq!(segment("a/b?c#d e"), "a%2Fb%3Fc%23d%20e");
-        assert_eq!(segment(".."), "%2E%2E");
+        assert_eq!(path_segment("0f3e-4b2a_x.y~z"), "0f3e-4b2a_x.y~z");
+        assert_eq!(path_segment("a/b?c#d e"), "a%2Fb%3Fc%23d%20e");
+        assert_eq!(path_segment(".."), "%2E%2E");
     }
 
     #[test]

@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::connect_rpc::{self, Decoder};
-use super::http::{Auth, HttpFailure, ProviderHttp};
+use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
 use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle, SandboxEntry};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, Provider,
@@ -173,7 +173,7 @@ impl E2b {
     }
 
     async fn detail(&self, id: &str) -> Result<Option<SandboxDetail>, HttpFailure> {
-        let path = format!("/sandboxes/{}", segment(id));
+        let path = format!("/sandboxes/{}", path_segment(id));
         match self
             .http
             .send_idempotent(|| self.http.request(Method::GET, &path))
@@ -271,11 +271,6 @@ pub fn lockdown(egress: &RemoteEgress) -> Option<Value> {
             "allowOut": [egress.gateway_host],
         })
     })
-}
-
-/// A path segment, percent-encoded (ids come from the provider, but never trust them).
-fn segment(id: &str) -> String {
-    percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 #[derive(Debug, Deserialize)]
@@ -495,7 +490,7 @@ impl Provider for E2b {
 
     fn delete<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
-            let path = format!("/sandboxes/{}", segment(instance_id));
+            let path = format!("/sandboxes/{}", path_segment(instance_id));
             let result = self
                 .http
                 .send_idempotent(|| self.http.request(Method::DELETE, &path))
@@ -649,7 +644,7 @@ impl Provider for E2b {
         operation: Lifecycle,
     ) -> BoxFuture<'a, Result<(), OpError>> {
         Box::pin(async move {
-            let id = segment(instance_id);
+            let id = path_segment(instance_id);
             let request = match operation {
                 Lifecycle::Pause => self
                     .http
@@ -672,7 +667,7 @@ impl Provider for E2b {
         instance_id: &'a str,
     ) -> BoxFuture<'a, Result<SnapshotInfo, OpError>> {
         Box::pin(async move {
-            let path = format!("/sandboxes/{}/snapshots", segment(instance_id));
+            let path = format!("/sandboxes/{}/snapshots", path_segment(instance_id));
             let request = self.http.request(Method::POST, &path).json(&json!({}));
             let response = self.http.send(request).await.map_err(op_error)?;
             let body: Value = self.http.json(response).await.map_err(op_error)?;

@@ -247,3 +247,19 @@ fn transient(failure: &HttpFailure) -> bool {
         }
     }
 }
+
+/// Everything but RFC 3986's unreserved characters (so a UUID or `sb-1` passes unchanged).
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// One URL path segment from an id (ids come from callers and providers: never trusted).
+/// `.` and `..` are escaped too, since they would change the path.
+pub fn path_segment(id: &str) -> String {
+    match id {
+        "." | ".." => id.replace('.', "%2E"),
+        _ => percent_encoding::utf8_percent_encode(id, SEGMENT).to_string(),
+    }
+}

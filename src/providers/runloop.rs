@@ -65,7 +65,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::http::{Auth, HttpFailure, ProviderHttp};
+use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
 use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, Provider,
@@ -291,11 +291,6 @@ pub fn command_line(spec: &ExecSpec) -> Result<String, OpError> {
         line.push_str(&shell_quote(arg));
     }
     Ok(line)
-}
-
-/// A path segment, percent-encoded.
-fn segment(id: &str) -> String {
-    percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 fn request_id() -> String {
@@ -552,7 +547,7 @@ impl Runloop {
     }
 
     async fn view(&self, id: &str) -> Result<Option<DevboxView>, HttpFailure> {
-        let path = format!("/v1/devboxes/{}", segment(id));
+        let path = format!("/v1/devboxes/{}", path_segment(id));
         match self
             .http
             .send_idempotent(|| self.http.request(Method::GET, &path))
@@ -631,7 +626,7 @@ impl Runloop {
     }
 
     async fn write_text(&self, id: &str, path: &str, contents: &str) -> Result<(), OpError> {
-        let url = format!("/v1/devboxes/{}/write_file_contents", segment(id));
+        let url = format!("/v1/devboxes/{}/write_file_contents", path_segment(id));
         let body = json!({"file_path": path, "contents": contents});
         let rid = request_id();
         self.http
@@ -647,7 +642,7 @@ impl Runloop {
     }
 
     async fn start_execution(&self, id: &str, command: &str) -> Result<ExecutionView, OpError> {
-        let url = format!("/v1/devboxes/{}/execute_async", segment(id));
+        let url = format!("/v1/devboxes/{}/execute_async", path_segment(id));
         let request = self
             .http
             .request(Method::POST, &url)
@@ -667,7 +662,7 @@ impl Runloop {
     }
 
     async fn shutdown(&self, id: &str) -> Result<(), ProviderError> {
-        let path = format!("/v1/devboxes/{}/shutdown", segment(id));
+        let path = format!("/v1/devboxes/{}/shutdown", path_segment(id));
         let rid = request_id();
         let result = self
             .http
@@ -724,8 +719,8 @@ async fn wait_completed(
 ) -> Result<ExecutionView, OpError> {
     let url = format!(
         "/v1/devboxes/{}/executions/{}/wait_for_status",
-        segment(devbox),
-        segment(execution)
+        path_segment(devbox),
+        path_segment(execution)
     );
     let body = json!({"statuses": ["completed"], "timeout_seconds": EXEC_LONG_POLL_SECS});
     let mut transient = 0;
@@ -791,8 +786,8 @@ async fn pump(
     };
     let url = format!(
         "/v1/devboxes/{}/executions/{}/{name}",
-        segment(&devbox),
-        segment(&execution)
+        path_segment(&devbox),
+        path_segment(&execution)
     );
     let mut received: u64 = 0;
     let mut opened = false;
@@ -914,8 +909,8 @@ fn parse_event(event: &str) -> (Option<String>, String) {
 async fn kill(http: &ProviderHttp, devbox: &str, execution: &str) {
     let url = format!(
         "/v1/devboxes/{}/executions/{}/kill",
-        segment(devbox),
-        segment(execution)
+        path_segment(devbox),
+        path_segment(execution)
     );
     let request = http
         .request(Method::POST, &url)
@@ -1248,7 +1243,7 @@ impl Provider for Runloop {
         path: &'a str,
     ) -> BoxFuture<'a, Result<Vec<u8>, OpError>> {
         Box::pin(async move {
-            let url = format!("/v1/devboxes/{}/download_file", segment(instance_id));
+            let url = format!("/v1/devboxes/{}/download_file", path_segment(instance_id));
             let body = json!({"path": path});
             let response = self
                 .http
@@ -1276,7 +1271,7 @@ impl Provider for Runloop {
                 Ok(text) => self.write_text(instance_id, path, &text).await,
                 Err(e) => {
                     let data = e.into_bytes();
-                    let url = format!("/v1/devboxes/{}/upload_file", segment(instance_id));
+                    let url = format!("/v1/devboxes/{}/upload_file", path_segment(instance_id));
                     let file_name = path.rsplit('/').next().unwrap_or("file").to_string();
                     let form = reqwest::multipart::Form::new()
                         .text("path", path.to_string())
@@ -1309,7 +1304,7 @@ impl Provider for Runloop {
                     return Err(OpError::unsupported("runloop", operation.as_str()))
                 }
             };
-            let url = format!("/v1/devboxes/{}/{verb}", segment(instance_id));
+            let url = format!("/v1/devboxes/{}/{verb}", path_segment(instance_id));
             let request = self
                 .http
                 .request(Method::POST, &url)
@@ -1329,7 +1324,7 @@ impl Provider for Runloop {
         instance_id: &'a str,
     ) -> BoxFuture<'a, Result<SnapshotInfo, OpError>> {
         Box::pin(async move {
-            let url = format!("/v1/devboxes/{}/snapshot_disk", segment(instance_id));
+            let url = format!("/v1/devboxes/{}/snapshot_disk", path_segment(instance_id));
             let request = self
                 .http
                 .request(Method::POST, &url)
@@ -1355,7 +1350,7 @@ impl Provider for Runloop {
         Box::pin(async move {
             let url = format!(
                 "/v1/devboxes/disk_snapshots/{}/delete",
-                segment(snapshot_id)
+                path_segment(snapshot_id)
             );
             let rid = request_id();
             match self

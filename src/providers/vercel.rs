@@ -64,7 +64,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::http::{Auth, HttpFailure, ProviderHttp};
+use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
 use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, Provider,
@@ -287,7 +287,7 @@ impl Vercel {
 
     /// `GET /v2/sandboxes/{name}` (`None`: absent).
     async fn sandbox(&self, name: &str, resume: bool) -> Result<Option<SandboxBody>, HttpFailure> {
-        let path = format!("/v2/sandboxes/{}", segment(name));
+        let path = format!("/v2/sandboxes/{}", path_segment(name));
         let build = || {
             let request = self
                 .request(Method::GET, &path)
@@ -342,7 +342,7 @@ impl Vercel {
     }
 
     fn session_path(session: &str, rest: &str) -> String {
-        format!("/v2/sandboxes/sessions/{}{rest}", segment(session))
+        format!("/v2/sandboxes/sessions/{}{rest}", path_segment(session))
     }
 
     /// Polls the session until it runs.
@@ -421,11 +421,6 @@ pub fn lockdown(egress: &RemoteEgress) -> Option<Value> {
         Ok(IpAddr::V6(ip)) => json!({"allow": [], "subnets": {"allow": [format!("{ip}/128")]}}),
         Err(_) => json!({"allow": [host]}),
     })
-}
-
-/// A path segment, percent-encoded.
-fn segment(id: &str) -> String {
-    percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// `path` made absolute (relative to `/vercel/sandbox`) and normalized, as the SDK's
@@ -729,7 +724,7 @@ impl Provider for Vercel {
 
     fn delete<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
-            let path = format!("/v2/sandboxes/{}", segment(instance_id));
+            let path = format!("/v2/sandboxes/{}", path_segment(instance_id));
             let result = self
                 .http
                 .send_idempotent(|| {
@@ -931,7 +926,7 @@ impl Provider for Vercel {
 
     fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> BoxFuture<'a, Result<(), OpError>> {
         Box::pin(async move {
-            let path = format!("/v2/sandboxes/snapshots/{}", segment(snapshot_id));
+            let path = format!("/v2/sandboxes/snapshots/{}", path_segment(snapshot_id));
             match self
                 .http
                 .send_idempotent(|| self.request(Method::DELETE, &path))
@@ -1011,8 +1006,8 @@ impl Vercel {
             };
             let path = format!(
                 "/v2/sandboxes/sessions/{}/cmd/{}/kill",
-                segment(&session),
-                segment(&id)
+                path_segment(&session),
+                path_segment(&id)
             );
             let request = http
                 .request(Method::POST, &path)
