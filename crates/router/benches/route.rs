@@ -247,7 +247,17 @@ fn run(name: &str, topo: &Topology, req: &Request, ctx: &RouteContext) -> f64 {
     let base = measure(|| {
         black_box(filter_only(black_box(topo), black_box(req), black_box(ctx)));
     });
+    // What the create engine runs: the route and its placement record from one evaluation.
+    let recorded = measure(|| {
+        let _ = black_box(route_recorded(
+            black_box(topo),
+            black_box(req),
+            black_box(ctx),
+            16,
+        ));
+    });
     let p = |v: &[Duration], q: f64| v[((v.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+    let (rm, r99) = (p(&recorded, 0.5), p(&recorded, 0.99));
     let (fm, f99) = (p(&full, 0.5), p(&full, 0.99));
     let (bm, b99) = (p(&base, 0.5), p(&base, 0.99));
     println!(
@@ -264,6 +274,12 @@ fn run(name: &str, topo: &Topology, req: &Request, ctx: &RouteContext) -> f64 {
         "[{name}] ratio route/baseline:      median {:.2}x  p99 {:.2}x",
         ms(fm) / ms(bm),
         ms(f99) / ms(b99)
+    );
+    println!(
+        "[{name}] route + record (create):   median {:.3} ms  p99 {:.3} ms  ({:.2}x route)",
+        ms(rm),
+        ms(r99),
+        ms(rm) / ms(fm)
     );
     ms(fm)
 }

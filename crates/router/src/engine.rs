@@ -67,6 +67,13 @@ pub struct Explanation {
     pub pools: Vec<PoolExplanation>,
     pub order: Vec<Arc<str>>,
     pub error: Option<NoEligible>,
+    /// Ineligible pools left out of `pools` ([`route_recorded`] only; absent when `0`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub ineligible_omitted: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -1068,20 +1075,100 @@ pub fn route(
 /// Every pool with its unmet requirements, rank keys and band values, and the final order.
 /// `explain(..).order` always equals the pools of `route(..)` for the same inputs.
 pub fn explain(topology: &Topology, request: &Request, ctx: &RouteContext) -> Explanation {
+    route_explained(topology, request, ctx).1
+}
+
+/// [`route`] and [`explain`] from one evaluation: the create engine keeps the explanation as
+/// the sandbox's placement record, so the record is, by construction, what produced its
+/// candidate list (not a second evaluation that could see other inputs).
+pub fn route_explained(
+    topology: &Topology,
+    request: &Request,
+    ctx: &RouteContext,
+) -> (Result<Route, NoEligible>, Explanation) {
     let plan = Plan::new(topology, request, ctx);
     let lists = plan.all_unmet();
     let eligible: Vec<usize> = (0..topology.pools.len())
         .filter(|&i| lists[i].is_empty())
         .collect();
     let order = plan.order(&eligible);
+    let route = if order.is_empty() {
+        Err(plan.no_eligible(&lists))
+    } else {
+        Ok(Route {
+            candidates: order.iter().map(|&i| plan.candidate(i)).collect(),
+        })
+    };
+    (route, explanation(&plan, &lists, &order, None))
+}
+
+/// As [`route_explained`], at [`route`]'s cost: the explanation covers every candidate (all
+/// of its ranking inputs) but only the first `ineligible_limit` ineligible pools in
+/// configuration order, with `ineligible_omitted` counting the rest. Explaining why each of
+/// ten thousand pools does not qualify costs ~80 times the route itself (`cargo bench -p
+/// sandgate-router`), too much for every create; when no pool qualifies, every pool is
+/// explained, as the refusal lists them all anyway.
+///
+/// An ineligible pool that passes every requirement on its own was removed by a hard
+/// `routing.spread` term; it is reported as `routing.spread`.
+pub fn route_recorded(
+    topology: &Topology,
+    request: &Request,
+    ctx: &RouteContext,
+    ineligible_limit: usize,
+) -> (Result<Route, NoEligible>, Explanation) {
+    let plan = Plan::new(topology, request, ctx);
+    let eligible = plan.eligible();
+    if eligible.is_empty() {
+        let lists = plan.all_unmet();
+        return (
+            Err(plan.no_eligible(&lists)),
+            explanation(&plan, &lists, &[], None),
+        );
+    }
+    let order = plan.order(&eligible);
+    let n = topology.pools.len();
+    let mut shown = vec![false; n];
+    for &i in &eligible {
+        shown[i] = true;
+    }
+    let mut lists: Vec<Vec<Unmet>> = vec![Vec::new(); n];
+    let mut sampled = 0;
+    for i in 0..n {
+        if shown[i] || sampled == ineligible_limit {
+            continue;
+        }
+        plan.check(i, &mut lists[i], false);
+        if lists[i].is_empty() {
+            lists[i].push(Unmet::Path("routing.spread"));
+        }
+        shown[i] = true;
+        sampled += 1;
+    }
+    let route = Route {
+        candidates: order.iter().map(|&i| plan.candidate(i)).collect(),
+    };
+    (Ok(route), explanation(&plan, &lists, &order, Some(&shown)))
+}
+
+/// The explanation of the pools `shown` marks (every pool when `None`).
+fn explanation(
+    plan: &Plan<'_>,
+    lists: &[Vec<Unmet>],
+    order: &[usize],
+    shown: Option<&[bool]>,
+) -> Explanation {
+    let (topology, request, ctx) = (plan.topo, plan.req, plan.ctx);
     let mut position = vec![None; topology.pools.len()];
     for (pos, &i) in order.iter().enumerate() {
         position[i] = Some(pos);
     }
+    let is_shown = |i: usize| shown.is_none_or(|s| s[i]);
     let pools = topology
         .pools
         .iter()
         .enumerate()
+        .filter(|(i, _)| is_shown(*i))
         .map(|(i, pool)| {
             let stats = ctx.stats.get(&*pool.name);
             PoolExplanation {
@@ -1143,7 +1230,8 @@ pub fn explain(topology: &Topology, request: &Request, ctx: &RouteContext) -> Ex
             .iter()
             .map(|&i| topology.pools[i].name.clone())
             .collect(),
-        error: order.is_empty().then(|| plan.no_eligible(&lists)),
+        error: order.is_empty().then(|| plan.no_eligible(lists)),
+        ineligible_omitted: (0..topology.pools.len()).filter(|&i| !is_shown(i)).count(),
         pools,
     }
 }

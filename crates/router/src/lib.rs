@@ -92,7 +92,8 @@ pub use context::{Bands, ExistingSandbox, PoolStats, RouteContext};
 #[doc(hidden)]
 pub use engine::filter_only;
 pub use engine::{
-    explain, route, Candidate, Explanation, Metrics, PoolExplanation, RankKey, Route,
+    explain, route, route_explained, route_recorded, Candidate, Explanation, Metrics,
+    PoolExplanation, RankKey, Route,
 };
 pub use error::{Attempt, NoEligible, NoEligibleDetails, NO_ELIGIBLE_PROVIDER};
 pub use request::{

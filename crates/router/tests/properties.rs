@@ -447,6 +447,38 @@ proptest! {
         prop_assert_eq!(&a, &b);
         let x = explain(&t1, &r, &c);
         prop_assert_eq!(x.order.iter().map(|p| p.to_string()).collect::<Vec<_>>(), names(&a));
+        // One evaluation gives both: the route is `route`'s and the record is `explain`'s.
+        let (both, record) = sandgate_router::route_explained(&t1, &r, &c);
+        prop_assert_eq!(&both, &a);
+        prop_assert_eq!(&record, &x);
+        // The create path's record: the same route, every candidate explained as `explain`
+        // does, and at most the limit of ineligible pools (their reasons among explain's).
+        let (recorded_route, rec) = sandgate_router::route_recorded(&t1, &r, &c, 3);
+        prop_assert_eq!(&recorded_route, &a);
+        if a.is_err() {
+            prop_assert_eq!(&rec, &x);
+        } else {
+            prop_assert_eq!(&rec.order, &x.order);
+            let full = |name: &str| x.pools.iter().find(|q| *q.pool == *name).unwrap();
+            for p in rec.pools.iter().filter(|p| p.eligible) {
+                prop_assert_eq!(p, full(&p.pool));
+            }
+            let shown = rec.pools.iter().filter(|p| !p.eligible).count();
+            let ineligible = x.pools.iter().filter(|p| !p.eligible).count();
+            prop_assert_eq!(shown, ineligible.min(3));
+            prop_assert_eq!(rec.ineligible_omitted, ineligible - shown);
+            for p in rec.pools.iter().filter(|p| !p.eligible) {
+                let theirs = &full(&p.pool).unmet_requirements;
+                prop_assert!(!p.unmet_requirements.is_empty());
+                for u in &p.unmet_requirements {
+                    prop_assert!(
+                        theirs.contains(u)
+                            || (u == "routing.spread" && theirs.iter().all(|t| t.starts_with("routing.spread"))),
+                        "{} {:?} vs {:?}", p.pool, p.unmet_requirements, theirs
+                    );
+                }
+            }
+        }
     }
 
     #[test]
