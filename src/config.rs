@@ -144,6 +144,16 @@ pub struct CreateConfig {
     /// `"standby"`) its automatic creates try, in this order; a provider it omits is not
     /// used. A create's own `routing.order` overrides it.
     pub workspace_order: BTreeMap<String, Vec<String>>,
+    /// How often each hosted account is checked (one harmless authenticated call, as
+    /// `sandgate provider check` makes) for `GET /v1/pools`, in seconds; the first check
+    /// runs in the background at start. `0` turns checks off (accounts show `not_checked`).
+    pub account_check_interval_secs: u64,
+    /// Concurrent `GET /v1/sandboxes/{id}/events` streams at most; beyond it new ones are
+    /// answered 429 `rate_limited` (each open stream polls the store).
+    pub event_streams_max: usize,
+    /// Longest life of one event stream, in seconds, so a stream on a stuck create ends; the
+    /// client reconnects with `Last-Event-ID` to go on.
+    pub event_stream_max_secs: u64,
 }
 
 impl Default for CreateConfig {
@@ -161,6 +171,9 @@ impl Default for CreateConfig {
             startup_latency_band_ms: 250.0,
             creation_success_band: 0.05,
             workspace_order: BTreeMap::new(),
+            account_check_interval_secs: 300,
+            event_streams_max: 256,
+            event_stream_max_secs: 15 * 60,
         }
     }
 }

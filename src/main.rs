@@ -49,6 +49,14 @@ enum Command {
         #[command(subcommand)]
         command: sandgate::cli::SandboxCommand,
     },
+    /// List every pool of a running gateway (SANDGATE_URL, SANDGATE_TOKEN): location,
+    /// isolation, egress, free capacity, measured latency and success, recent failures and
+    /// whether its account passed its last check.
+    Pools {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Explain routing offline from a configuration file's pools.
     Route {
         #[command(subcommand)]
@@ -146,6 +154,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Sandbox { command } => std::process::exit(sandgate::cli::sandbox(command)?),
+        Command::Pools { json } => std::process::exit(sandgate::cli::pools(json)?),
         Command::Route { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
             std::process::exit(sandgate::cli::route(command, &config)?)

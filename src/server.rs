@@ -219,37 +219,8 @@ impl Server {
                 tls,
             )));
         }
-        let mut router_config = config.router_config();
-        let wants_local = router_config.providers.iter().any(|p| {
-            p.kind
-                .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
-                == Some(sandgate_router::ProviderKind::Local)
-        });
-        let local = wants_local.then(|| {
-            crate::localbox::LocalRuntime::new(crate::providers::local::runtime_config(
-                &config.local,
-            ))
-            .map(Arc::new)
-            .map_err(|e| e.to_string())
-        });
-        if let (Some(Ok(runtime)), true) = (&local, config.uses_default_topology()) {
-            // The default pool declares only the resources this machine can enforce.
-            let caps = runtime.capabilities();
-            let resources = &mut router_config.pools[0].resources;
-            if caps.cpu_limit {
-                resources.cpu = std::thread::available_parallelism()
-                    .ok()
-                    .map(|n| n.get() as f64);
-            }
-            if caps.memory_limit {
-                resources.memory_mb = host_memory_mb();
-            }
-        }
-        let topology = Arc::new(
-            router_config
-                .compile()
-                .map_err(|e| StartError::Routing(e.to_string()))?,
-        );
+        let (topology, local) = routing_topology(&config)?;
+        let topology = Arc::new(topology);
         let mut providers =
             crate::providers::ProviderRegistry::from_config(&config, &topology, &upstream_tls)?;
         let local_pools: Vec<String> = topology
@@ -491,6 +462,45 @@ pub fn descriptor_budget(config: &Config) -> (u64, u64) {
         }
     }
     (limit.rlim_cur, needed)
+}
+
+/// The local runtime when the configuration has a local provider (its error when this
+/// machine cannot run one: the pool then fails its creates, the gateway still starts).
+pub type LocalRuntimeResult = Option<Result<Arc<crate::localbox::LocalRuntime>, String>>;
+
+/// The topology `serve` routes on: the configuration's pools, where the default local pool
+/// declares only the resources this machine can enforce (its cgroup controllers). `sandgate
+/// route explain` compiles through here too, so it sees the pools the server sees.
+pub fn routing_topology(
+    config: &Config,
+) -> Result<(sandgate_router::Topology, LocalRuntimeResult), StartError> {
+    let mut router_config = config.router_config();
+    let wants_local = router_config.providers.iter().any(|p| {
+        p.kind
+            .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
+            == Some(sandgate_router::ProviderKind::Local)
+    });
+    let local = wants_local.then(|| {
+        crate::localbox::LocalRuntime::new(crate::providers::local::runtime_config(&config.local))
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    });
+    if let (Some(Ok(runtime)), true) = (&local, config.uses_default_topology()) {
+        let caps = runtime.capabilities();
+        let resources = &mut router_config.pools[0].resources;
+        if caps.cpu_limit {
+            resources.cpu = std::thread::available_parallelism()
+                .ok()
+                .map(|n| n.get() as f64);
+        }
+        if caps.memory_limit {
+            resources.memory_mb = host_memory_mb();
+        }
+    }
+    let topology = router_config
+        .compile()
+        .map_err(|e| StartError::Routing(e.to_string()))?;
+    Ok((topology, local))
 }
 
 #[cfg(test)]

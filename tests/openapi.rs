@@ -144,3 +144,83 @@ async fn every_registered_route_is_documented_and_every_documented_one_is_served
         );
     }
 }
+
+/// The document validates as OpenAPI 3.1 with an implementation independent of sandgate's
+/// (`openapi-spec-validator` from PyPI, pinned in tests/sdk/requirements.txt; `.ci/run`
+/// installs it), and every error answer is described by the shared error schema.
+#[tokio::test]
+async fn the_document_validates_as_openapi_3_1() {
+    let python = common::sdk::python();
+    if let Some(reason) = common::sdk::missing(&python, "openapi_spec_validator") {
+        if common::in_ci() {
+            panic!("the OpenAPI validation needs openapi-spec-validator under CI ({reason})");
+        }
+        eprintln!("SKIPPED openapi::the_document_validates_as_openapi_3_1: {reason} (pip install -r tests/sdk/requirements.txt)");
+        return;
+    }
+    let gw = Gateway::start(GatewayOptions::default()).await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let text = http
+        .get(gw.api("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
+    let file = gw.dir.path().join("openapi.json");
+    std::fs::write(&file, &text).unwrap();
+    let script = "import json, sys\n\
+from openapi_spec_validator import validate\n\
+from openapi_spec_validator.validation.validators import OpenAPIV31SpecValidator\n\
+doc = json.load(open(sys.argv[1]))\n\
+validate(doc, cls=OpenAPIV31SpecValidator)\n\
+print('valid')\n";
+    let out = std::process::Command::new(&python)
+        .args(["-c", script])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openapi-spec-validator refused /openapi.json:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Every 4xx/5xx answer points at the one error shape.
+    let error_schema = &doc["components"]["schemas"]["Error"];
+    assert_eq!(
+        error_schema["required"],
+        serde_json::json!(["error"]),
+        "{error_schema}"
+    );
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            for (status, answer) in op["responses"].as_object().unwrap() {
+                if status.starts_with('4') || status.starts_with('5') {
+                    let schema = &answer["content"]["application/json"]["schema"]["$ref"];
+                    assert_eq!(
+                        schema, "#/components/schemas/Error",
+                        "{method} {path} {status} has no error schema"
+                    );
+                }
+            }
+        }
+    }
+    // The credential bodies are typed, not bare objects.
+    let create = &doc["paths"]["/v1/workspaces/{ws}/credentials"]["post"]["requestBody"]["content"]
+        ["application/json"]["schema"];
+    assert!(
+        create["$ref"]
+            .as_str()
+            .is_some_and(|r| r.ends_with("/CredentialBody")),
+        "{create}"
+    );
+}

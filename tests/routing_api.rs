@@ -194,7 +194,7 @@ async fn openapi_document_describes_the_endpoints() {
 }
 
 #[test]
-fn route_explain_cli_works_offline_from_a_config_file() {
+fn route_explain_cli_works_from_a_config_file_without_a_store() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("sandgate.toml"), POOLS).unwrap();
     std::fs::write(
@@ -203,6 +203,7 @@ fn route_explain_cli_works_offline_from_a_config_file() {
     )
     .unwrap();
     let out = Command::new(BIN)
+        .current_dir(dir.path())
         .args(["route", "explain", "--request"])
         .arg(dir.path().join("req.json"))
         .arg("--config")
@@ -214,6 +215,12 @@ fn route_explain_cli_works_offline_from_a_config_file() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // No store next to this config yet: the context is empty, and stderr says so.
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no store at data/sandgate.db"));
+    assert!(
+        !dir.path().join("data").exists(),
+        "explain creates no store"
+    );
     let e: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(order(&e), ["pool-a", "pool-b"]);
     // No pool qualifies: exit status 1, still the explanation.
@@ -223,6 +230,7 @@ fn route_explain_cli_works_offline_from_a_config_file() {
     )
     .unwrap();
     let out = Command::new(BIN)
+        .current_dir(dir.path())
         .args(["route", "explain", "--request"])
         .arg(dir.path().join("pty.json"))
         .arg("--config")

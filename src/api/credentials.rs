@@ -31,15 +31,20 @@ pub fn routes() -> Router<ApiState> {
         )
 }
 
-#[derive(Deserialize)]
+/// A credential as created or replaced (`name` comes from the path on replace).
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CredentialBody {
+    /// 1-64 of a-z, 0-9, '-', '_', '.', starting with a letter or digit (create only).
     #[serde(default)]
     name: Option<String>,
+    /// The principal the credential belongs to (none: the workspace's).
     #[serde(default)]
     user: Option<String>,
-    /// Required on create; optional on replace (absent keeps the current secret).
+    /// Required on create; optional on replace (absent keeps the current secret). Write
+    /// only: never returned.
     #[serde(default)]
+    #[schema(value_type = Option<String>, write_only)]
     secret: Option<Secret>,
     destinations: Vec<DestinationRule>,
     apply: Apply,
@@ -213,7 +218,7 @@ pub(crate) async fn read(
     path = "/v1/workspaces/{ws}/credentials",
     tag = "credentials",
     params(("ws" = String, Path, description = "Workspace")),
-    request_body(content = Object, description = "The credential, with its secret"),
+    request_body(content = CredentialBody, description = "The credential, with its secret"),
     responses(
         (status = 201, description = "The stored credential's metadata", body = Object),
         (status = 400, description = "invalid_request, naming the field"),
@@ -268,7 +273,7 @@ pub(crate) async fn create(
     path = "/v1/workspaces/{ws}/credentials/{name}",
     tag = "credentials",
     params(("ws" = String, Path, description = "Workspace"), ("name" = String, Path, description = "Credential name")),
-    request_body(content = Object, description = "The credential, as for create"),
+    request_body(content = CredentialBody, description = "The credential, as for create"),
     responses((status = 200, description = "The stored credential's metadata", body = Object), (status = 404, description = "not_found")),
     security(("bearer" = []))
 )]

@@ -12,10 +12,12 @@ pub mod auth;
 pub mod body;
 pub mod credentials;
 pub mod delegations;
+pub mod events;
 pub mod extract;
 pub mod identities;
 pub mod listener;
 pub mod policies;
+pub mod pools;
 pub mod routes;
 pub mod sandbox_ops;
 pub mod sandboxes;
@@ -57,9 +59,11 @@ pub fn router(state: ApiState) -> Router {
         .merge(credentials::routes())
         .merge(identities::routes())
         .merge(policies::routes())
+        .merge(pools::routes())
         .merge(sandboxes::routes())
         .merge(sandbox_ops::routes())
         .merge(delegations::routes())
+        .merge(events::routes())
         .merge(routes::routes())
         .fallback(not_found)
         // After every route: it applies to the routes registered so far.

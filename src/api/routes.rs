@@ -55,7 +55,11 @@ pub async fn explain(
     };
     let ctx = match state
         .sandboxes
-        .route_context_for(Some(&body.request), Some(&caller.workspace))
+        // The workspace a create of this body would use (its own, else the caller's).
+        .route_context_for(
+            Some(&body.request),
+            Some(body.workspace.as_deref().unwrap_or(&caller.workspace)),
+        )
         .await
     {
         Ok(ctx) => ctx,
@@ -84,6 +88,7 @@ pub async fn explain(
         super::sandboxes::read,
         super::sandboxes::list,
         super::sandboxes::remove,
+        super::events::events,
         super::sandbox_ops::exec,
         super::sandbox_ops::cancel,
         super::sandbox_ops::read_file,
@@ -102,6 +107,7 @@ pub async fn explain(
         super::delegations::revoke,
         explain,
         super::policies::read,
+        super::pools::list,
         super::credentials::list,
         super::credentials::read,
         super::credentials::create,
@@ -113,6 +119,8 @@ pub async fn explain(
         openapi,
     ),
     components(schemas(
+        ErrorDoc,
+        ErrorDetailDoc,
         super::sandbox_ops::ExecBody,
         super::delegations::MintBody,
         crate::policy::PolicyReport,
@@ -121,9 +129,71 @@ pub async fn explain(
         crate::policy::Fallback,
         crate::policy::ReloadError
     )),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &ErrorAnswers)
 )]
 pub struct ApiDoc;
+
+/// The error shape every 4xx and 5xx answer has (`api::error_shape` rewrites any other).
+#[derive(utoipa::ToSchema)]
+#[schema(as = Error)]
+#[allow(dead_code)] // documentation only: replies are built by `ErrorReply`
+struct ErrorDoc {
+    error: ErrorDetailDoc,
+}
+
+#[derive(utoipa::ToSchema)]
+#[schema(as = ErrorDetail)]
+#[allow(dead_code)]
+struct ErrorDetailDoc {
+    /// Stable, machine-readable code (also in the `X-Sandgate-Error` header), e.g.
+    /// `invalid_request`, `not_found`, `policy_denied`, `no_eligible_provider`.
+    code: String,
+    /// For humans; never echoes a secret or a refused value.
+    message: String,
+    /// Code-specific facts, e.g. `field` for `invalid_request`.
+    #[schema(value_type = Object)]
+    details: serde_json::Value,
+}
+
+/// Gives every 4xx/5xx answer of every operation the `Error` schema, so a client generator
+/// types the error body once instead of once per operation, and makes operation ids unique.
+struct ErrorAnswers;
+
+impl utoipa::Modify for ErrorAnswers {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{Content, Ref, RefOr};
+        for item in openapi.paths.paths.values_mut() {
+            let ops = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for op in ops.into_iter().flatten() {
+                // Handler names repeat across modules (`sandboxes::read`,
+                // `credentials::read`); OpenAPI wants operation ids unique, so the tag
+                // (one per module) prefixes them.
+                if let (Some(id), Some(tag)) =
+                    (&op.operation_id, op.tags.as_ref().and_then(|t| t.first()))
+                {
+                    op.operation_id = Some(format!("{tag}_{id}"));
+                }
+                for (status, answer) in op.responses.responses.iter_mut() {
+                    let (RefOr::T(answer), true) =
+                        (answer, status.starts_with('4') || status.starts_with('5'))
+                    else {
+                        continue;
+                    };
+                    answer.content.insert(
+                        "application/json".into(),
+                        Content::new(Some(Ref::from_schema_name("Error"))),
+                    );
+                }
+            }
+        }
+    }
+}
 
 struct BearerAuth;
 

@@ -1,9 +1,14 @@
 //! Client subcommands of the `sandgate` binary: `sandbox create|get|list|delete` talk to a
-//! running gateway's API (`SANDGATE_URL`, `SANDGATE_TOKEN`); `route explain` answers offline
-//! from a configuration file; `provider check` calls a hosted account once. Output is the API's JSON, pretty-printed on stdout; an API
-//! error is printed on stdout too (it is JSON) and the exit status is 1.
+//! running gateway's API (`SANDGATE_URL`, `SANDGATE_TOKEN`); `route explain` answers on the
+//! measured context of the configured store, or of a running gateway with `--url`;
+//! `provider check` calls a hosted account once. Output is the API's JSON, pretty-printed on
+//! stdout; an API error is printed on stdout too (it is JSON) and the exit status is 1.
 
+mod explain;
+mod pools;
 mod provider;
+mod wait;
+mod why;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,6 +16,8 @@ use std::time::Duration;
 use clap::Subcommand;
 use serde_json::Value;
 
+pub use explain::{route, RouteCommand};
+pub use pools::pools;
 pub use provider::{provider, ProviderCommand};
 
 #[derive(Debug, thiserror::Error)]
@@ -40,12 +47,26 @@ pub enum SandboxCommand {
         /// Idempotency key: repeating the same create returns the same sandbox.
         #[arg(long)]
         idempotency_key: Option<String>,
-        /// Wait until the sandbox is running or failed when the API answers 202.
+        /// Follow the create to its end (`GET /v1/sandboxes/{id}/events`): each attempt as it
+        /// happens on stderr (a live spinner on a terminal, one plain line per event
+        /// otherwise), then the final sandbox on stdout; exit 1 with the reason when it
+        /// failed.
         #[arg(long)]
         wait: bool,
+        /// Only plan the create: sends `"dry_run": true` in the body and prints the answer
+        /// (`--wait` is ignored).
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Show a sandbox: state, placement, attempts, egress settings.
-    Get { id: String },
+    Get {
+        id: String,
+        /// Explain the placement instead: the routing record kept when the create was
+        /// accepted (every pool's eligibility, unmet requirements, rank keys and measured
+        /// values then) next to the attempts, as a table.
+        #[arg(long)]
+        why: bool,
+    },
     /// List sandboxes of a workspace.
     List {
         #[arg(long)]
@@ -125,16 +146,6 @@ pub enum FilesCommand {
     },
 }
 
-#[derive(Debug, Subcommand)]
-pub enum RouteCommand {
-    /// Explain, offline, how the configured pools would route a create request.
-    Explain {
-        /// The create request (JSON file, `-` for standard input).
-        #[arg(long)]
-        request: PathBuf,
-    },
-}
-
 fn read_json(path: &PathBuf) -> Result<Value, CliError> {
     let text = if path.as_os_str() == "-" {
         let mut s = String::new();
@@ -176,28 +187,6 @@ fn print(v: &Value) {
     );
 }
 
-/// `sandgate route explain`: exit 0 when at least one pool is eligible, 1 otherwise.
-pub fn route(cmd: RouteCommand, config: &crate::config::Config) -> Result<i32, CliError> {
-    let RouteCommand::Explain { request } = cmd;
-    let body = crate::create::CreateBody::parse(read_json(&request)?).map_err(|e| {
-        CliError::Usage(format!(
-            "{}: `{}`: {}",
-            request.display(),
-            e.field,
-            e.message
-        ))
-    })?;
-    let topology = config
-        .router_config()
-        .compile()
-        .map_err(|e| CliError::Usage(format!("the configuration's pools are invalid: {e}")))?;
-    let ctx = sandgate_router::RouteContext::default();
-    let explanation = sandgate_router::explain(&topology, &body.request, &ctx);
-    let value = serde_json::to_value(&explanation).unwrap_or(Value::Null);
-    print(&value);
-    Ok(if explanation.order.is_empty() { 1 } else { 0 })
-}
-
 /// Where `sandgate serve` on its embedded defaults writes its local admin token.
 const LOCAL_TOKEN_FILE: &str = "data/api-token";
 
@@ -209,7 +198,11 @@ struct Api {
 
 impl Api {
     fn from_env() -> Result<Api, CliError> {
-        let base = std::env::var("SANDGATE_URL").unwrap_or_else(|_| "http://127.0.0.1:7070".into());
+        Api::to(std::env::var("SANDGATE_URL").unwrap_or_else(|_| "http://127.0.0.1:7070".into()))
+    }
+
+    /// A client of the gateway at `base`, with the token from the environment.
+    fn to(base: String) -> Result<Api, CliError> {
         // Without SANDGATE_TOKEN, the token `sandgate serve` generates on its embedded
         // defaults (in ./data, next to the database) is used when it is there.
         let token = match std::env::var("SANDGATE_TOKEN") {
@@ -275,47 +268,40 @@ pub fn sandbox(cmd: SandboxCommand) -> Result<i32, CliError> {
                 file,
                 idempotency_key,
                 wait,
+                dry_run,
             } => {
-                let body = match &file {
+                let mut body = match &file {
                     Some(path) => read_json(path)?,
                     None => Value::Object(Default::default()),
                 };
+                if dry_run {
+                    let Some(fields) = body.as_object_mut() else {
+                        return Err(CliError::Usage(
+                            "--dry-run needs the request body to be a JSON object".into(),
+                        ));
+                    };
+                    fields.insert("dry_run".into(), Value::Bool(true));
+                }
                 let url = format!("{}/v1/sandboxes", api.base);
                 let mut req = api.http.post(&url).json(&body);
                 if let Some(key) = &idempotency_key {
                     req = req.header("idempotency-key", key);
                 }
                 let (status, created) = api.send(req, &url).await?;
-                if status == 202 && wait {
-                    let id = created["id"].as_str().unwrap_or_default().to_string();
-                    let url = format!("{}/v1/sandboxes/{id}", api.base);
-                    loop {
-                        tokio::time::sleep(Duration::from_millis(250)).await;
-                        let (s, mut current) = api.send(api.http.get(&url), &url).await?;
-                        let state = current["state"].as_str().unwrap_or_default().to_string();
-                        if s != 200
-                            || !["pending", "provisioning", "reconciling"].contains(&state.as_str())
-                        {
-                            // Keep the token from the create response: GET never shows it
-                            // (nor does a replay of the create, which says so).
-                            if let Some(egress) = current.get_mut("egress") {
-                                for field in ["token", "proxy_url", "token_already_shown"] {
-                                    if let Some(v) = created["egress"].get(field) {
-                                        egress[field] = v.clone();
-                                    }
-                                }
-                            }
-                            let ok = s == 200 && state == "running";
-                            break (if ok { 201 } else { 500 }, current);
-                        }
-                    }
+                if wait && !dry_run {
+                    wait::follow(&api, status, created).await?
                 } else {
                     (status, created)
                 }
             }
-            SandboxCommand::Get { id } => {
+            SandboxCommand::Get { id, why } => {
                 let url = format!("{}/v1/sandboxes/{id}", api.base);
-                api.send(api.http.get(&url), &url).await?
+                let (status, body) = api.send(api.http.get(&url), &url).await?;
+                if why && status == 200 {
+                    print!("{}", why::render(&body));
+                    return Ok(0);
+                }
+                (status, body)
             }
             SandboxCommand::List {
                 workspace,

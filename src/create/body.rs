@@ -24,6 +24,7 @@ pub const FIELDS: &[&str] = &[
     "labels",
     "routing",
     "snapshot",
+    "dry_run",
 ];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -38,6 +39,11 @@ pub struct CreateBody {
     /// sandbox is placed on the pool that holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// Plan only: route, evaluate the creation and provider layers for each candidate and
+    /// answer the plan; nothing is created and no idempotency key is claimed. Never stored
+    /// (a body with `dry_run: false` digests as one without it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
     #[serde(flatten)]
     pub request: Request,
 }
@@ -160,6 +166,9 @@ struct CreateBodyExtras {
     #[serde(default)]
     #[allow(dead_code)]
     snapshot: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    dry_run: bool,
 }
 
 fn sort_keys(v: serde_json::Value) -> serde_json::Value {

@@ -20,6 +20,11 @@
 //! and no duplicate instance is kept.
 
 pub mod body;
+pub mod context;
+mod dry_run;
+pub mod events;
+pub mod pools;
+pub mod record;
 mod remote;
 
 pub use remote::{Endpoint, RemoteGateway};
@@ -34,8 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use sandgate_router::{
-    Bands, EgressEnforcement, ExistingSandbox, NoEligible, PoolStats, ProviderKind, Request,
-    RouteContext, Topology,
+    EgressEnforcement, NoEligible, PoolStats, ProviderKind, Request, RouteContext, Topology,
 };
 
 use crate::api::auth::Principal;
@@ -56,6 +60,7 @@ use crate::store::snapshots::SnapshotRow;
 use crate::store::{Store, StoreError};
 
 pub use body::CreateBody;
+use context::{PoolWindow, LATENCY_SAMPLES};
 
 pub fn now_ms() -> i64 {
     crate::providers::simulated::now_ms()
@@ -135,6 +140,8 @@ pub struct Coordinator {
     samples: std::sync::Mutex<HashMap<String, PoolWindow>>,
     /// Creates this process is driving right now (never driven twice at once).
     active: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The last check of each hosted account (`GET /v1/pools`), see [`pools`].
+    account_checks: pools::AccountChecks,
 }
 
 /// A loaded in-flight create.
@@ -150,6 +157,38 @@ enum Step {
     Placed,
     Advance,
     End(ErrorReply),
+}
+
+/// What [`Coordinator::admit`] decided for one candidate.
+enum Admission {
+    /// Create on this pool.
+    Attempt(Arc<dyn crate::providers::Provider>),
+    /// Not this pool; the walk advances (an attempt records why).
+    Skip { class: ErrorClass, message: String },
+    /// A policy layer refused: the create ends.
+    Refused {
+        class: ErrorClass,
+        layer: &'static str,
+        reasons: Vec<String>,
+    },
+}
+
+/// The create's error when a policy layer refused it on `pool`.
+fn refusal_reply(class: ErrorClass, layer: &str, pool: &str, reasons: Vec<String>) -> ErrorReply {
+    let code = match class {
+        ErrorClass::Billing => "billing_refused",
+        ErrorClass::Authority => "forbidden",
+        _ => "policy_denied",
+    };
+    ErrorReply::new(
+        StatusCode::FORBIDDEN,
+        code,
+        format!(
+            "creation on pool {pool} was refused: {}",
+            reasons.join("; ")
+        ),
+    )
+    .with_details(json!({"layer": layer, "pool": pool, "reasons": reasons}))
 }
 
 /// A failure the client cannot act on: logged here, shown as a generic 500.
@@ -169,6 +208,7 @@ impl Coordinator {
             owner: format!("coord-{}", random_hex(8)),
             active: Default::default(),
             samples: Default::default(),
+            account_checks: Default::default(),
         })
     }
 
@@ -196,6 +236,8 @@ impl Coordinator {
 
     /// As [`Coordinator::route_context`]; existing placements are read only when the
     /// request has sandbox affinity, anti-affinity or spread terms that compare against them.
+    /// The per-pool stats come from the in-memory window; everything else is read from the
+    /// store by [`context::Inputs::assemble`], which `sandgate route explain` shares.
     pub async fn route_context_for(
         &self,
         request: Option<&Request>,
@@ -204,64 +246,14 @@ impl Coordinator {
         let since = now_ms() - self.deps.config.stats_window_secs as i64 * 1000;
         let stats: HashMap<String, PoolStats> = {
             let mut windows = self.samples.lock().unwrap_or_else(|e| e.into_inner());
-            windows
-                .iter_mut()
-                .map(|(pool, w)| (pool.clone(), w.stats(since, LATENCY_SAMPLES)))
-                .collect()
+            context::stats(&mut windows, since)
         };
-        let mut sandboxes = Vec::new();
-        let needs_placements = request.is_none_or(|r| {
-            let t = &r.routing;
-            !t.spread.is_empty()
-                || !t.sandbox_affinity.required.is_empty()
-                || !t.sandbox_affinity.preferred.is_empty()
-                || !t.sandbox_anti_affinity.required.is_empty()
-                || !t.sandbox_anti_affinity.preferred.is_empty()
-        });
-        let placements = if needs_placements {
-            self.deps.store.live_placements().await?
-        } else {
-            Vec::new()
+        let inputs = context::Inputs {
+            store: &self.deps.store,
+            topology: &self.deps.topology,
+            config: &self.deps.config,
         };
-        for (labels, placement) in placements {
-            let (Ok(labels), Ok(p)) = (
-                serde_json::from_str::<BTreeMap<String, String>>(&labels),
-                serde_json::from_str::<Placement>(&placement),
-            ) else {
-                continue;
-            };
-            sandboxes.push(ExistingSandbox {
-                labels,
-                provider: p.provider,
-                region: p.region,
-                zone: p.zone,
-            });
-        }
-        // Free capacity = configured capacity minus the sandboxes living on the pool now.
-        let live = self.deps.store.live_counts_by_pool().await?;
-        let free_capacity: HashMap<String, u64> = self
-            .deps
-            .topology
-            .pools()
-            .iter()
-            .filter_map(|pool| {
-                let capacity = pool.capacity?;
-                let used = live.get(pool.name.as_ref()).copied().unwrap_or(0);
-                Some((pool.name.to_string(), capacity.saturating_sub(used)))
-            })
-            .collect();
-        Ok(RouteContext {
-            stats,
-            sandboxes,
-            workspace_order: workspace
-                .and_then(|w| self.deps.config.workspace_order.get(w).cloned()),
-            free_capacity,
-            bands: Bands {
-                price: 0.0,
-                startup_latency_ms: self.deps.config.startup_latency_band_ms,
-                creation_success: self.deps.config.creation_success_band,
-            },
-        })
+        inputs.assemble(stats, request, workspace).await
     }
 
     // ---------------------------------------------------------------- create (API entry)
@@ -306,7 +298,8 @@ impl Coordinator {
         }
         let digest = body.digest(&workspace);
         let now = now_ms();
-        if let Some(key) = &idempotency_key {
+        // A dry run neither claims nor looks up the key: it is not the create the key names.
+        if let Some(key) = idempotency_key.as_ref().filter(|_| !body.dry_run) {
             if let Some((hash, sandbox_id)) = self
                 .deps
                 .store
@@ -350,7 +343,13 @@ impl Coordinator {
             .route_context_for(Some(&request), Some(&workspace))
             .await
             .map_err(internal)?;
-        let route = match sandgate_router::route(&self.deps.topology, &request, &ctx) {
+        let (route, explanation) = sandgate_router::route_recorded(
+            &self.deps.topology,
+            &request,
+            &ctx,
+            record::INELIGIBLE_POOLS_KEPT,
+        );
+        let route = match route {
             Ok(route) => route,
             Err(no) => return Err(no_eligible_reply(no)),
         };
@@ -378,6 +377,18 @@ impl Coordinator {
         if let (Some(snapshot), true) = (&snapshot, candidates.is_empty()) {
             return Err(self.unrestorable(snapshot, &route));
         }
+        let record = record::PlacementRecord::new(
+            now,
+            &ctx,
+            self.deps.config.stats_window_secs,
+            &explanation,
+            snapshot.as_ref().map(|s| (s, &route)),
+            &candidates,
+        );
+        if body.dry_run {
+            let plan = self.dry_run(caller, &id, &workspace, &body, &candidates, &record);
+            return Ok((StatusCode::OK, plan));
+        }
 
         let token = random_hex(24);
         let sealed = self
@@ -400,6 +411,7 @@ impl Coordinator {
             labels_json: serde_json::to_string(&request.labels).map_err(internal)?,
             candidates_json: serde_json::to_string(&candidates).map_err(internal)?,
             placement_json: None,
+            placement_record_json: Some(record.to_json()),
             error_json: None,
             token_sealed: sealed,
             created_ms: now,
@@ -448,14 +460,7 @@ impl Coordinator {
     /// The refusal of a create whose snapshot no candidate pool can restore, with an
     /// `unmet_requirements` entry per pool the route ranked.
     fn unrestorable(&self, snapshot: &SnapshotRow, route: &sandgate_router::Route) -> ErrorReply {
-        let why = if snapshot.kind == crate::store::snapshots::FILESYSTEM_EXPORT {
-            "snapshot: a filesystem export is restored through the files API; this pool does not write files".to_string()
-        } else {
-            format!(
-                "snapshot: a provider snapshot is restored only on pool {} ({}) where it was taken; a filesystem export (POST /v1/sandboxes/{{id}}/snapshot {{\"kind\": \"filesystem\"}}) can continue on another provider",
-                snapshot.pool, snapshot.provider
-            )
-        };
+        let why = record::unrestorable_reason(snapshot);
         let attempts: Vec<Value> = route
             .candidates
             .iter()
@@ -604,9 +609,13 @@ impl Coordinator {
             return Ok(None);
         };
         let attempts = self.deps.store.list_attempts(id).await.map_err(internal)?;
-        Ok(Some(self.render(&row, &attempts)))
+        let mut view = self.render(&row, &attempts);
+        view["placement_record"] = record::stored(row.placement_record_json.as_deref());
+        Ok(Some(view))
     }
 
+    /// A sandbox as listed; [`Coordinator::view`] adds its placement record (kept out of
+    /// list pages: it explains every pool, and a page holds up to a hundred sandboxes).
     fn render(&self, row: &SandboxRow, attempts: &[AttemptRow]) -> Value {
         let request: Value = serde_json::from_str(&row.request_json).unwrap_or(Value::Null);
         let labels: Value = serde_json::from_str(&row.labels_json).unwrap_or(json!({}));
@@ -1007,6 +1016,66 @@ impl Coordinator {
             .await
     }
 
+    /// Whether the walk may attempt `cand` now, and why not: the `sandgate.creation` and
+    /// `sandgate.provider` layers for this pool (a refusal ends the create), then an
+    /// account without bound credentials or a provider without an adapter (the walk
+    /// advances). Records nothing, so a dry run asks exactly what the walk asks.
+    fn admit(&self, job: &Job, cand: &StoredCandidate, seq: i64) -> Admission {
+        self.admit_with(job, cand, seq, false)
+    }
+
+    /// [`Coordinator::admit`]; `dry_run` is given to the policies as `input.dry_run`.
+    fn admit_with(&self, job: &Job, cand: &StoredCandidate, seq: i64, dry_run: bool) -> Admission {
+        let mut input = self.admission_input(job, cand, seq);
+        input["dry_run"] = json!(dry_run);
+        let input = regorus::Value::from(input);
+        let creation = self.deps.policy.evaluate("creation", input.clone());
+        if !creation.allowed {
+            return Admission::Refused {
+                class: ErrorClass::Authority,
+                layer: "creation",
+                reasons: creation.reasons,
+            };
+        }
+        let provider_layer = self.deps.policy.evaluate("provider", input);
+        let topo = &self.deps.topology;
+        let account = topo
+            .pool(&cand.pool)
+            .and_then(|p| topo.accounts().get(p.account));
+        if !provider_layer.allowed {
+            let billing_bad =
+                account.is_some_and(|a| a.billing != sandgate_router::BillingStanding::Good);
+            return Admission::Refused {
+                class: if billing_bad {
+                    ErrorClass::Billing
+                } else {
+                    ErrorClass::Policy
+                },
+                layer: "provider",
+                reasons: provider_layer.reasons,
+            };
+        }
+        // The account must have credentials bound (sandgate's own providers need none).
+        let kind = topo.provider(&cand.provider).map(|p| p.kind);
+        let bound = account.is_some_and(|a| a.bound);
+        if !bound && !matches!(kind, Some(ProviderKind::Simulated | ProviderKind::Local)) {
+            return Admission::Skip {
+                class: ErrorClass::UnboundAccount,
+                message: "the pool's account has no credential bound".into(),
+            };
+        }
+        match self.deps.providers.for_pool(&cand.pool) {
+            Some(adapter) => Admission::Attempt(adapter),
+            None => Admission::Skip {
+                class: ErrorClass::Unsupported,
+                message: format!(
+                    "this build has no adapter for provider kind {}",
+                    kind.map(|k| k.as_str()).unwrap_or("?")
+                ),
+            },
+        }
+    }
+
     async fn try_pool(
         &self,
         job: &Job,
@@ -1014,90 +1083,25 @@ impl Coordinator {
         seq: i64,
     ) -> Result<Step, StoreError> {
         // (a) admit, for this pool, now.
-        let input = regorus::Value::from(self.admission_input(job, cand, seq));
-        let creation = self.deps.policy.evaluate("creation", input.clone());
-        let provider_layer = if creation.allowed {
-            Some(self.deps.policy.evaluate("provider", input))
-        } else {
-            None
-        };
-        let refusal = if !creation.allowed {
-            Some((ErrorClass::Authority, "creation", creation.reasons))
-        } else {
-            let d = provider_layer.expect("evaluated");
-            if d.allowed {
-                None
-            } else {
-                let billing_bad = self
-                    .deps
-                    .topology
-                    .pool(&cand.pool)
-                    .and_then(|p| self.deps.topology.accounts().get(p.account))
-                    .is_some_and(|a| a.billing != sandgate_router::BillingStanding::Good);
-                let class = if billing_bad {
-                    ErrorClass::Billing
-                } else {
-                    ErrorClass::Policy
-                };
-                Some((class, "provider", d.reasons))
+        let adapter = match self.admit(job, cand, seq) {
+            Admission::Attempt(adapter) => adapter,
+            Admission::Skip { class, message } => {
+                let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
+                self.end_attempt(&attempt, "advanced", class, &message, None)
+                    .await?;
+                return Ok(Step::Advance);
             }
-        };
-        if let Some((class, layer, reasons)) = refusal {
-            let attempt = self.start_attempt(job, cand, seq, "ended").await?;
-            let message = format!("refused by layer {layer}: {}", reasons.join("; "));
-            self.end_attempt(&attempt, "ended", class, &message, None)
-                .await?;
-            let code = match class {
-                ErrorClass::Billing => "billing_refused",
-                ErrorClass::Authority => "forbidden",
-                _ => "policy_denied",
-            };
-            return Ok(Step::End(
-                ErrorReply::new(
-                    StatusCode::FORBIDDEN,
-                    code,
-                    format!(
-                        "creation on pool {} was refused: {}",
-                        cand.pool,
-                        reasons.join("; ")
-                    ),
-                )
-                .with_details(json!({"layer": layer, "pool": cand.pool, "reasons": reasons})),
-            ));
-        }
-        // The account must have credentials bound (sandgate's own providers need none).
-        let topo = &self.deps.topology;
-        let kind = topo.provider(&cand.provider).map(|p| p.kind);
-        let bound = topo
-            .pool(&cand.pool)
-            .and_then(|p| topo.accounts().get(p.account))
-            .is_some_and(|a| a.bound);
-        if !bound && !matches!(kind, Some(ProviderKind::Simulated | ProviderKind::Local)) {
-            let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
-            self.end_attempt(
-                &attempt,
-                "advanced",
-                ErrorClass::UnboundAccount,
-                "the pool's account has no credential bound",
-                None,
-            )
-            .await?;
-            return Ok(Step::Advance);
-        }
-        let Some(adapter) = self.deps.providers.for_pool(&cand.pool) else {
-            let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
-            self.end_attempt(
-                &attempt,
-                "advanced",
-                ErrorClass::Unsupported,
-                &format!(
-                    "this build has no adapter for provider kind {}",
-                    kind.map(|k| k.as_str()).unwrap_or("?")
-                ),
-                None,
-            )
-            .await?;
-            return Ok(Step::Advance);
+            Admission::Refused {
+                class,
+                layer,
+                reasons,
+            } => {
+                let attempt = self.start_attempt(job, cand, seq, "ended").await?;
+                let message = format!("refused by layer {layer}: {}", reasons.join("; "));
+                self.end_attempt(&attempt, "ended", class, &message, None)
+                    .await?;
+                return Ok(Step::End(refusal_reply(class, layer, &cand.pool, reasons)));
+            }
         };
 
         // (b) attempt, retrying retryable failures within the provisioning window.
@@ -1797,6 +1801,7 @@ impl Coordinator {
                 tokio::time::sleep(every).await;
             }
         }));
+        tasks.extend(self.spawn_account_checks());
         tasks
     }
 
@@ -1884,53 +1889,6 @@ fn placement_json(cand: &StoredCandidate, instance_id: &str, lockdown: Option<Va
         lockdown,
     })
     .unwrap_or_default()
-}
-
-/// Latency samples per pool the router takes its median over.
-const LATENCY_SAMPLES: usize = 64;
-/// Samples kept per pool at most, whatever the window.
-const MAX_SAMPLES_PER_POOL: usize = 100_000;
-
-/// One pool's samples in the stats window, with a running success count.
-#[derive(Default)]
-struct PoolWindow {
-    samples: std::collections::VecDeque<(i64, bool, Option<f64>)>,
-    successes: u64,
-}
-
-impl PoolWindow {
-    fn push(&mut self, at: i64, success: bool, latency: Option<f64>) {
-        self.samples.push_back((at, success, latency));
-        self.successes += success as u64;
-        if self.samples.len() > MAX_SAMPLES_PER_POOL {
-            self.pop();
-        }
-    }
-
-    fn pop(&mut self) {
-        if let Some((_, success, _)) = self.samples.pop_front() {
-            self.successes -= success as u64;
-        }
-    }
-
-    fn stats(&mut self, since: i64, latencies: usize) -> PoolStats {
-        while self.samples.front().is_some_and(|s| s.0 < since) {
-            self.pop();
-        }
-        let startup_latency_ms = self
-            .samples
-            .iter()
-            .rev()
-            .filter(|s| s.1)
-            .filter_map(|s| s.2)
-            .take(latencies)
-            .collect();
-        PoolStats {
-            startup_latency_ms,
-            attempts: self.samples.len() as u64,
-            successes: self.successes,
-        }
-    }
 }
 
 fn token_context(sandbox_id: &str) -> String {

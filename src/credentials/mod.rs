@@ -40,7 +40,7 @@ pub use secret::Secret;
 use crate::store::Store;
 
 /// Where a credential may be used.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DestinationRule {
     /// Exact host or `*.suffix`.
@@ -80,7 +80,7 @@ impl DestinationRule {
 }
 
 /// How the secret is put on a request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Apply {
     /// `name: template` with `{secret}` replaced, e.g. `Authorization: Bearer {secret}`.

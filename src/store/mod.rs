@@ -2,6 +2,7 @@
 //! `migrations/` and is applied at start-up. Callers use `Store`'s methods only, never SQL,
 //! so a Postgres implementation can sit behind the same methods for replicas.
 
+pub mod attempt_stats;
 pub mod delegations;
 pub mod sandboxes;
 pub mod snapshots;

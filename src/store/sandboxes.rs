@@ -21,6 +21,8 @@ pub struct SandboxRow {
     pub labels_json: String,
     pub candidates_json: String,
     pub placement_json: Option<String>,
+    /// Why the candidate list is what it is (see `create::record`); written once, at insert.
+    pub placement_record_json: Option<String>,
     pub error_json: Option<String>,
     pub token_sealed: Vec<u8>,
     pub created_ms: i64,
@@ -109,7 +111,7 @@ pub struct PoolSamples {
     pub successes: u64,
 }
 
-const SANDBOX_COLUMNS: &str = "id, workspace, principal_json, state, request_json, labels_json, candidates_json, placement_json, error_json, token_sealed, created_ms, updated_ms";
+const SANDBOX_COLUMNS: &str = "id, workspace, principal_json, state, request_json, labels_json, candidates_json, placement_json, placement_record_json, error_json, token_sealed, created_ms, updated_ms";
 const ATTEMPT_COLUMNS: &str = "id, sandbox_id, seq, pool, provider, account, state, outcome, error_class, message, instance_id, started_ms, finished_ms";
 
 fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> SandboxRow {
@@ -122,6 +124,7 @@ fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> SandboxRow {
         labels_json: r.get("labels_json"),
         candidates_json: r.get("candidates_json"),
         placement_json: r.get("placement_json"),
+        placement_record_json: r.get("placement_record_json"),
         error_json: r.get("error_json"),
         token_sealed: r.get("token_sealed"),
         created_ms: r.get("created_ms"),
@@ -184,8 +187,8 @@ impl Store {
         sqlx::query(
             "INSERT INTO sandboxes (id, workspace, principal_json, state, request_json, labels_json,
                candidates_json, placement_json, error_json, token_sealed, lease_owner,
-               lease_expires_ms, created_ms, updated_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)",
+               lease_expires_ms, created_ms, updated_ms, placement_record_json)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14)",
         )
         .bind(&row.id)
         .bind(&row.workspace)
@@ -200,6 +203,7 @@ impl Store {
         .bind(lease_owner)
         .bind(lease_expires_ms)
         .bind(row.created_ms)
+        .bind(&row.placement_record_json)
         .execute(&mut *tx)
         .await?;
         if let Some(claim) = claim {

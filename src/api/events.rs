@@ -1,0 +1,227 @@
+//! `GET /v1/sandboxes/{id}/events`: a create's progress as server-sent events, so clients can
+//! follow it (see [`crate::create::events`] for the events and their order).
+//!
+//! The stream reads the durable record every [`POLL_INTERVAL`], so it shows a create driven
+//! by any replica, and a client that connects late or reconnects (`Last-Event-ID`) still
+//! gets every attempt in order. It ends after `done`, or after `[create]
+//! event_stream_max_secs` (a stream on a stuck create must not live forever; the client
+//! resumes with `Last-Event-ID`). At most `[create] event_streams_max` streams are open at
+//! once; beyond it the answer is 429 `rate_limited` with `Retry-After`, because each open
+//! stream costs two store reads per poll.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Router};
+use serde_json::json;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::auth::Caller;
+use super::extract::Path;
+use super::ApiState;
+use crate::create::events::{next_events, Cursor, ProgressEvent, POLL_INTERVAL};
+use crate::create::Coordinator;
+use crate::error::ErrorReply;
+
+/// How often an idle stream sends a keep-alive comment (so proxies and the client's read
+/// timeout do not cut a quiet stream).
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// The open streams of one API router. The limit is read from the coordinator's config
+/// on the first request (the router is built before any request, from the same state).
+#[derive(Default)]
+pub struct StreamSlots(OnceLock<Arc<Semaphore>>);
+
+impl StreamSlots {
+    fn take(&self, max: usize) -> Option<OwnedSemaphorePermit> {
+        let slots = self
+            .0
+            .get_or_init(|| Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))));
+        slots.clone().try_acquire_owned().ok()
+    }
+}
+
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/v1/sandboxes/{id}/events", get(events))
+        .layer(Extension(Arc::new(StreamSlots::default())))
+}
+
+/// The same answer as `GET /v1/sandboxes/{id}` for an unknown id or another workspace's
+/// sandbox, so ids of other workspaces stay private.
+fn not_found(id: &str) -> Response {
+    ErrorReply::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no sandbox {id:?} in your workspace"),
+    )
+    .into_response()
+}
+
+fn rate_limited(max: usize) -> Response {
+    let mut response = ErrorReply::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        "too many event streams are open on this gateway; retry shortly",
+    )
+    .with_details(json!({"limit": max}))
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// The cursor `Last-Event-ID` names (none: from the start).
+fn resume_from(headers: &HeaderMap) -> Result<Cursor, ErrorReply> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(Cursor::default());
+    };
+    value.to_str().ok().and_then(Cursor::decode).ok_or_else(|| {
+        ErrorReply::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "Last-Event-ID must be the id of an event this endpoint sent",
+        )
+        .with_details(json!({"field": "Last-Event-ID"}))
+    })
+}
+
+/// Follow a create: its state, each attempt as it starts and ends, then `done`.
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/events",
+    tag = "sandboxes",
+    params(
+        ("id" = String, Path, description = "Sandbox id"),
+        ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event received: the stream resumes right after it (what an EventSource sends on reconnect)"),
+    ),
+    responses(
+        (status = 200, content_type = "text/event-stream", body = String, description = "Server-sent events derived from the sandbox's durable record, each with an `id:` that grows along the stream (hand the last one back as Last-Event-ID to resume), and keep-alive comments. Event types (`event:`) and their JSON `data:`: \
+`state` {state, at_ms}: the sandbox's state; the first event is the current state, later ones follow each change. \
+`attempt_started` {id, seq, pool, provider, account, started_ms}: an attempt on a pool began. \
+`attempt_ended` {id, seq, pool, state, outcome (success, advance, terminal, unknown), error_class, message, instance_id, duration_ms}: it ended. \
+Attempts come ordered by seq, each start before its end; an attempt first seen already finished yields both. \
+`done` {state, error (the stored error body, or null), placement (or null)}: the create is over (the sandbox is no longer pending, provisioning or reconciling); the stream ends after it. \
+A stream also ends, without `done`, after [create] event_stream_max_secs (default 15 minutes): reconnect with Last-Event-ID. No event carries the egress token."),
+        (status = 204, description = "Last-Event-ID is that of the `done` event: nothing more will come"),
+        (status = 400, description = "invalid_request: Last-Event-ID is not an id this endpoint sent (details.field = Last-Event-ID)"),
+        (status = 401, description = "unauthenticated"),
+        (status = 404, description = "not_found: no such sandbox in a workspace the caller manages (the same answer as GET /v1/sandboxes/{id})"),
+        (status = 429, description = "rate_limited: [create] event_streams_max streams (default 256) are open; Retry-After says when to try again"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn events(
+    State(state): State<ApiState>,
+    Extension(slots): Extension<Arc<StreamSlots>>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let cursor = match resume_from(&headers) {
+        Ok(cursor) => cursor,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let (row, attempts) = match state.sandboxes.progress(&id).await {
+        Ok(Some(record)) if caller.may_manage(&record.0.workspace) => record,
+        Ok(_) => return not_found(&id),
+        Err(e) => return crate::create::internal(e).into_response(),
+    };
+    let (first, cursor) = next_events(&row, &attempts, cursor);
+    if first.is_empty() && cursor.done {
+        // 204 tells an EventSource to stop reconnecting.
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    let limits = state.sandboxes.event_stream_limits();
+    let Some(slot) = slots.take(limits.max_streams) else {
+        metrics::counter!("sandgate_event_streams_refused_total").increment(1);
+        return rate_limited(limits.max_streams);
+    };
+    let follow = Follow {
+        coordinator: state.sandboxes.clone(),
+        id,
+        cursor,
+        queue: first.into(),
+        deadline: Instant::now()
+            .checked_add(limits.max_lifetime)
+            .unwrap_or_else(far_future),
+        _slot: slot,
+    };
+    let stream = futures_util::stream::unfold(Some(follow), next_frame);
+    let mut response = Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response();
+    // Reverse proxies (nginx) must pass each event on at once, not buffer the stream.
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// A day from now: the deadline when the configured lifetime does not fit in an `Instant`.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(24 * 3600)
+}
+
+/// One open stream: where it is in the record, and the events read but not yet sent.
+struct Follow {
+    coordinator: Arc<Coordinator>,
+    id: String,
+    cursor: Cursor,
+    queue: VecDeque<ProgressEvent>,
+    deadline: Instant,
+    /// Held for as long as the stream lives (dropped with it when the client goes away).
+    _slot: OwnedSemaphorePermit,
+}
+
+fn frame(event: &ProgressEvent) -> Event {
+    // `Value`'s text is one line (JSON escapes control characters), and the id is digits.
+    Event::default()
+        .event(event.kind.as_str())
+        .id(event.id.to_string())
+        .data(event.data.to_string())
+}
+
+/// The next frame of the stream; `None` (the end) after `done` or at the deadline.
+async fn next_frame(follow: Option<Follow>) -> Option<(Result<Event, Infallible>, Option<Follow>)> {
+    let mut follow = follow?;
+    loop {
+        if let Some(event) = follow.queue.pop_front() {
+            let frame = frame(&event);
+            let rest = (!follow.cursor.done || !follow.queue.is_empty()).then_some(follow);
+            return Some((Ok(frame), rest));
+        }
+        if follow.cursor.done {
+            return None;
+        }
+        let now = Instant::now();
+        if now >= follow.deadline {
+            let bye = Event::default()
+                .comment("stream lifetime reached; reconnect with Last-Event-ID to follow on");
+            return Some((Ok(bye), None));
+        }
+        tokio::time::sleep_until(follow.deadline.min(now + POLL_INTERVAL)).await;
+        match follow.coordinator.progress(&follow.id).await {
+            Ok(Some((row, attempts))) => {
+                let (events, cursor) = next_events(&row, &attempts, follow.cursor);
+                follow.cursor = cursor;
+                follow.queue.extend(events);
+            }
+            // Sandboxes are marked deleted, never removed; nothing more to tell.
+            Ok(None) => return None,
+            Err(e) => {
+                // Try again at the next poll: a busy store must not end every stream.
+                tracing::warn!(sandbox = %follow.id, error = %e, "event stream could not read the record");
+            }
+        }
+    }
+}
