@@ -27,7 +27,7 @@ pub fn routes() -> Router<ApiState> {
     post,
     path = "/v1/routes:explain",
     tag = "routing",
-    request_body(content = Object, description = "A create request body", content_type = "application/json"),
+    request_body(content = CreateBody, description = "A create request body", content_type = "application/json"),
     responses(
         (status = 200, description = "Explanation: automatic, baseline, priorities, bands, pools[] {pool, provider, account, eligible, unmet_requirements, tier, rank, metrics, soft_score, free_capacity, position}, order, error", body = Object),
         (status = 400, description = "invalid_request: the create body's rules (see POST /v1/sandboxes)"),

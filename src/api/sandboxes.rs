@@ -41,7 +41,7 @@ fn not_found(id: &str) -> Response {
     path = "/v1/sandboxes",
     tag = "sandboxes",
     params(("Idempotency-Key" = Option<String>, Header, description = "Same key and body return the same sandbox, without its egress token (shown once, to the first create); scoped per workspace")),
-    request_body(content = Object, description = "Create request: workspace, provider, fallback_providers, source, resources, features, network, regions, labels, credentials, routing, snapshot, dry_run (plan only: nothing is created, the Idempotency-Key is not used)", content_type = "application/json"),
+    request_body(content = crate::create::CreateBody, description = "Create request: workspace, provider, fallback_providers, source, resources, features, network, regions, labels, credentials, routing, snapshot, dry_run (plan only: nothing is created, the Idempotency-Key is not used)", content_type = "application/json"),
     responses(
         (status = 200, description = "dry_run: the plan {dry_run, workspace, would_create, first_pool, plan[] {position, pool, provider, account, decision: attempt | skip | refused, reached: first | on_failover | never, layer, error_class, reasons}, refused[] {pool, provider, reasons}, error, placement_record}; nothing was created", body = Object),
         (status = 201, description = "Placed and running. The create that made the sandbox carries its egress token (`egress.token`, also in `egress.proxy_url` and the proxy variables of `egress.env` unless `egress.enforcement` is `namespace`) with `egress.token_already_shown: false`; this is the only time it is shown. An idempotent replay has no `egress.token`, `{token}` in its place in the proxy URL, and `egress.token_already_shown: true`", body = Object),

@@ -27,17 +27,25 @@ pub const FIELDS: &[&str] = &[
     "dry_run",
 ];
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// A create request: the router's request (placement: provider, source, resources, features,
+/// network, regions, labels, routing) plus the fields only creation uses. Unknown fields are
+/// refused at every level.
+// OpenAPI: the derive writes the flattened request as `allOf: [request, {the fields
+// here}]`; `openapi::ClosedRequest` closes the top level.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreateBody {
     /// The workspace to create in; defaults to the caller's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<openapi::Name>)]
     pub workspace: Option<String>,
     /// Names of the workspace's credentials to bind to the sandbox's egress identity.
     #[serde(default)]
+    #[schema(value_type = std::collections::BTreeSet<openapi::Name>, max_items = 64)]
     pub credentials: Vec<String>,
     /// A snapshot of this workspace to restore (its files) into the new sandbox; the
     /// sandbox is placed on the pool that holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<openapi::Name>)]
     pub snapshot: Option<String>,
     /// Plan only: route, evaluate the creation and provider layers for each candidate and
     /// answer the plan; nothing is created and no idempotency key is claimed. Never stored
@@ -45,7 +53,68 @@ pub struct CreateBody {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
     #[serde(flatten)]
+    #[schema(value_type = openapi::ClosedRequest, inline)]
     pub request: Request,
+}
+
+/// The create body's schema parts the derive cannot write (schema only: parsing is
+/// [`CreateBody::parse`]).
+mod openapi {
+    use std::borrow::Cow;
+
+    use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+    use utoipa::openapi::RefOr;
+    use utoipa::{PartialSchema, ToSchema};
+
+    use sandgate_router::Request;
+
+    /// The router's request, closed to [`super::FIELDS`]: the parser refuses any other
+    /// top-level field, and `additionalProperties: false` cannot say so across an `allOf`
+    /// (it sees only its own subschema's properties), while `propertyNames` can.
+    pub(super) struct ClosedRequest;
+
+    impl PartialSchema for ClosedRequest {
+        fn schema() -> RefOr<Schema> {
+            let RefOr::T(Schema::Object(mut request)) = Request::schema() else {
+                unreachable!("the router's Request schema is an inline object")
+            };
+            request.property_names = Some(Box::new(Schema::Object(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(super::FIELDS.iter().copied()))
+                    .build(),
+            )));
+            RefOr::T(Schema::Object(request))
+        }
+    }
+
+    impl ToSchema for ClosedRequest {
+        fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+            <Request as ToSchema>::schemas(schemas);
+        }
+    }
+
+    /// The router's `Name` schema (its text rules: `check_text` with `MAX_NAME_BYTES`), for
+    /// the create body's own names; the router registers it with its request's schemas.
+    pub(super) struct Name;
+
+    impl PartialSchema for Name {
+        fn schema() -> RefOr<Schema> {
+            let mut schemas = Vec::new();
+            <Request as ToSchema>::schemas(&mut schemas);
+            schemas
+                .into_iter()
+                .find(|(name, _)| *name == Self::name())
+                .map(|(_, schema)| schema)
+                .expect("the router's request schemas include Name")
+        }
+    }
+
+    impl ToSchema for Name {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed("Name")
+        }
+    }
 }
 
 #[derive(Debug)]

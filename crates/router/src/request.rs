@@ -18,19 +18,25 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::IsolationMode;
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Request {
     /// Explicit primary provider. Only its pools skip the portable baseline.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<openapi::Name>))]
     pub provider: Option<String>,
+    /// Providers to try, in order, after `provider`; candidates must be unique.
+    #[cfg_attr(feature = "openapi", schema(value_type = std::collections::BTreeSet<openapi::Name>, max_items = 64))]
     pub fallback_providers: Vec<String>,
     pub source: Option<Source>,
     pub resources: Resources,
     pub features: Features,
     pub network: Network,
     /// Acceptable regions (normalized before comparison); empty means any.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<openapi::Name>, max_items = 64))]
     pub regions: Vec<String>,
     /// The new sandbox's own labels (used by self-affinity).
+    #[cfg_attr(feature = "openapi", schema(value_type = openapi::Labels))]
     pub labels: BTreeMap<String, String>,
     pub routing: Routing,
 }
@@ -44,21 +50,30 @@ pub enum Source {
     Template(String),
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Resources {
+    /// Cores, above 0 and at most 1024 (fractions allowed).
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0, maximum = 1024))]
     pub cpu: Option<f64>,
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 16777216))]
     pub memory_mb: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 65536))]
     pub disk_gb: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(maximum = 64))]
     pub gpu: Option<u32>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<openapi::Name>))]
     pub gpu_type: Option<String>,
 }
 
 /// `Some(true)` requires a feature, `Some(false)` opts out of it (only meaningful for the portable
 /// baseline), `None` leaves it to the baseline rules.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Features {
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<openapi::IsolationModeSchema>))]
     pub isolation: Option<IsolationMode>,
     pub process: ProcessFeatures,
     pub filesystem: FilesystemFeatures,
@@ -67,6 +82,7 @@ pub struct Features {
     pub pty: Option<bool>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProcessFeatures {
@@ -75,6 +91,7 @@ pub struct ProcessFeatures {
     pub cancel: Option<bool>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FilesystemFeatures {
@@ -86,13 +103,33 @@ pub struct FilesystemFeatures {
     pub mkdir: Option<bool>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Network {
+    /// Host names (`example.com`) or `*.suffix` patterns, or IP addresses, egress may reach.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            max_items = 256,
+            min_length = 1,
+            max_length = 253,
+            pattern = r"^(?:(?:\*\.)?[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*|[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*)$"
+        )
+    )]
     pub allow_domains: Vec<String>,
     pub deny_all: bool,
+    /// IP addresses or CIDRs (`address/prefix`) egress may reach.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            max_items = 256,
+            pattern = r"^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])(?:\.(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])){3}(?:/(?:0{0,2}[0-9]|0?[12][0-9]|0?3[0-2]))?|[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*(?:/[0-9]{1,3})?)$"
+        )
+    )]
     pub cidrs: Vec<String>,
     /// A bound VPC: only pools inside it qualify.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<openapi::Name>))]
     pub vpc: Option<String>,
 }
 
@@ -103,6 +140,10 @@ impl Network {
     }
 }
 
+/// A ranking criterion, compared by band within a tier: `price` (configured price, lower
+/// first), `startup_latency` (median measured startup latency, lower first),
+/// `creation_success` (share of eligible attempts that reached running, higher first).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {
@@ -124,6 +165,8 @@ impl Priority {
     }
 }
 
+/// The domain a term counts sandboxes in: the pool's provider, region or zone.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TopologyKey {
@@ -132,6 +175,7 @@ pub enum TopologyKey {
     Zone,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Operator {
@@ -143,61 +187,84 @@ pub enum Operator {
 }
 
 /// A test over one pool label (or derived key such as `region`, `isolation`, `account.team`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabelExpr {
+    #[cfg_attr(feature = "openapi", schema(value_type = openapi::Name))]
     pub key: String,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(default = "in"))]
     pub operator: Operator,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<openapi::LabelValue>, max_items = 64))]
     pub values: Vec<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WeightedLabelExpr {
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000))]
     pub weight: u32,
+    #[cfg_attr(feature = "openapi", schema(value_type = openapi::Name))]
     pub key: String,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(default = "in"))]
     pub operator: Operator,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<openapi::LabelValue>, max_items = 64))]
     pub values: Vec<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolAffinity {
     /// Every term must match.
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub required: Vec<LabelExpr>,
     /// Matching terms add their weight to the soft score.
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub preferred: Vec<WeightedLabelExpr>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxTerm {
     pub topology: TopologyKey,
     /// Existing sandboxes whose labels contain all of these match; empty matches every sandbox.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = openapi::Labels))]
     pub match_labels: BTreeMap<String, String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WeightedSandboxTerm {
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000))]
     pub weight: u32,
     pub topology: TopologyKey,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = openapi::Labels))]
     pub match_labels: BTreeMap<String, String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxAffinity {
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub required: Vec<SandboxTerm>,
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub preferred: Vec<WeightedSandboxTerm>,
 }
 
+/// `hard` filters (placing here may not push the skew above `max_skew`); `soft` ranks (fewer
+/// matching sandboxes in the pool's domain first).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SpreadMode {
@@ -208,18 +275,23 @@ pub enum SpreadMode {
     Soft,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpreadTerm {
     pub topology: TopologyKey,
     #[serde(default = "one")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000, default = 1))]
     pub max_skew: u32,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(default = "hard"))]
     pub mode: SpreadMode,
     /// Soft mode: penalty per matching sandbox in the domain.
     #[serde(default = "one")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000, default = 1))]
     pub weight: u32,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = openapi::Labels))]
     pub match_labels: BTreeMap<String, String>,
 }
 
@@ -236,26 +308,280 @@ pub enum Order {
     Providers(Vec<String>),
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AutoKeyword {
     #[serde(rename = "auto")]
     Auto,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Routing {
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub priorities: Vec<Priority>,
+    /// Only this pool may be a candidate; every requirement still applies.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<openapi::Name>))]
     pub pin_pool: Option<String>,
     /// Required exact matches over pool labels and derived keys.
+    #[cfg_attr(feature = "openapi", schema(value_type = openapi::Labels))]
     pub pool_selector: BTreeMap<String, String>,
     pub pool_affinity: PoolAffinity,
     pub sandbox_affinity: SandboxAffinity,
     pub sandbox_anti_affinity: SandboxAffinity,
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub spread: Vec<SpreadTerm>,
     pub order: Option<Order>,
     /// Append the Standby Pool to the order.
     pub standby: bool,
+}
+
+// ------------------------------------------------------------------------------ OpenAPI
+
+/// OpenAPI schemas (cargo feature `openapi`) for what `#[derive(utoipa::ToSchema)]` cannot
+/// say: the text rules of [`check_text`] (a [`Name`](openapi::Name), a
+/// [`LabelValue`](openapi::LabelValue)), label maps (keys and values follow different rules),
+/// the isolation mode (its `Deserialize` is hand-written), [`Source`] (externally tagged: an
+/// object with exactly one key) and [`Order`] (untagged: the keyword or a list). Numeric
+/// bounds are literals in the derive attributes; `tests::openapi_bounds_are_the_constants`
+/// ties them to the `MAX_*` constants.
+///
+/// A JSON Schema `maxLength` counts characters while [`check_text`] counts UTF-8 bytes, so
+/// the length bounds are necessary, not sufficient, for names with multi-byte characters;
+/// no JSON Schema keyword counts bytes.
+#[cfg(feature = "openapi")]
+pub(crate) mod openapi {
+    use std::borrow::Cow;
+
+    use utoipa::openapi::schema::{
+        AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type,
+    };
+    use utoipa::openapi::{Ref, RefOr};
+    use utoipa::{PartialSchema, ToSchema};
+
+    use super::{AutoKeyword, Order, Source};
+    use super::{MAX_ENTRIES, MAX_NAME_BYTES, MAX_SOURCE_BYTES, MAX_VALUE_BYTES};
+
+    /// The characters [`super::check_text`] refuses, as inclusive ranges: C0, DEL and C1
+    /// (`char::is_control`), then the invisible formatting characters.
+    pub(crate) const FORBIDDEN: [(char, char); 6] = [
+        ('\u{0}', '\u{1F}'),
+        ('\u{7F}', '\u{9F}'),
+        ('\u{200B}', '\u{200F}'),
+        ('\u{2028}', '\u{202E}'),
+        ('\u{2060}', '\u{2069}'),
+        ('\u{FEFF}', '\u{FEFF}'),
+    ];
+
+    /// `^[^<FORBIDDEN>]*$`, written with `\uXXXX` escapes (understood alike by ECMA-262,
+    /// which JSON Schema's `pattern` is, and by other common regex engines).
+    pub(crate) fn visible_pattern() -> String {
+        let mut class = String::new();
+        for (lo, hi) in FORBIDDEN {
+            class.push_str(&format!("\\u{:04X}", lo as u32));
+            if hi != lo {
+                class.push_str(&format!("-\\u{:04X}", hi as u32));
+            }
+        }
+        format!("^[^{class}]*$")
+    }
+
+    fn text(min_bytes: usize, max_bytes: usize) -> ObjectBuilder {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length((min_bytes > 0).then_some(min_bytes))
+            .max_length(Some(max_bytes))
+            .pattern(Some(visible_pattern()))
+    }
+
+    /// A provider, pool, region, VPC, GPU type, label key or other name.
+    pub(crate) struct Name;
+
+    impl PartialSchema for Name {
+        fn schema() -> RefOr<Schema> {
+            text(1, MAX_NAME_BYTES)
+                .description(Some(format!(
+                    "A name (provider, pool, region, VPC, GPU type, label key, ...): 1 to \
+                     {MAX_NAME_BYTES} bytes of UTF-8, no control or invisible formatting \
+                     characters."
+                )))
+                .into()
+        }
+    }
+
+    impl ToSchema for Name {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed("Name")
+        }
+    }
+
+    /// A label, selector or expression value.
+    pub(crate) struct LabelValue;
+
+    impl PartialSchema for LabelValue {
+        fn schema() -> RefOr<Schema> {
+            text(0, MAX_VALUE_BYTES)
+                .description(Some(format!(
+                    "A label or selector value: at most {MAX_VALUE_BYTES} bytes of UTF-8 (may \
+                     be empty), no control or invisible formatting characters."
+                )))
+                .into()
+        }
+    }
+
+    impl ToSchema for LabelValue {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed("LabelValue")
+        }
+    }
+
+    /// A label map: keys are names, values label values, at most [`MAX_ENTRIES`] entries.
+    pub(crate) struct Labels;
+
+    impl PartialSchema for Labels {
+        fn schema() -> RefOr<Schema> {
+            // `propertyNames` takes a schema, not a reference: the key rules are inlined.
+            let key = match Name::schema() {
+                RefOr::T(key) => key,
+                RefOr::Ref(_) => unreachable!("Name is an inline schema"),
+            };
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .description(Some(format!(
+                    "Labels: at most {MAX_ENTRIES} entries; each key is a Name, each value a \
+                     LabelValue."
+                )))
+                .max_properties(Some(MAX_ENTRIES))
+                .property_names(Some(key))
+                .additional_properties(Some(AdditionalProperties::RefOr(RefOr::Ref(
+                    Ref::from_schema_name(LabelValue::name()),
+                ))))
+                .into()
+        }
+    }
+
+    impl ToSchema for Labels {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed("Labels")
+        }
+
+        fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+            schemas.push((LabelValue::name().into(), LabelValue::schema()));
+        }
+    }
+
+    /// `features.isolation`, as `IsolationMode`'s hand-written `Deserialize` reads it: a bare
+    /// kind, or an object with a `kind` whose values are scalars (stored as their text).
+    pub(crate) struct IsolationModeSchema;
+
+    impl PartialSchema for IsolationModeSchema {
+        fn schema() -> RefOr<Schema> {
+            let scalar = || {
+                ObjectBuilder::new().schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+                    Type::Boolean,
+                    Type::Number,
+                    Type::String,
+                ]))
+            };
+            OneOfBuilder::new()
+                .description(Some(
+                    "One complete isolation mode that a single mode of the pool must carry: a \
+                     bare kind (`\"microvm\"`), or an object with a `kind` and any properties \
+                     (`{\"kind\": \"microvm\", \"hypervisor\": \"firecracker\"}`); property \
+                     values are booleans, numbers or strings, compared as text.",
+                ))
+                .item(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .description(Some("A kind, e.g. `microvm`, `vm`, `container`.")),
+                )
+                .item(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Object)
+                        .property("kind", scalar())
+                        .required("kind")
+                        .additional_properties(Some(scalar())),
+                )
+                .into()
+        }
+    }
+
+    impl ToSchema for IsolationModeSchema {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed("IsolationMode")
+        }
+    }
+
+    /// Externally tagged: an object with exactly one of the three keys (serde refuses a map
+    /// with more than one key and a bare variant name alike).
+    impl PartialSchema for Source {
+        fn schema() -> RefOr<Schema> {
+            let variant = |key: &str, what: &str| {
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .title(Some(key))
+                    .property(
+                        key,
+                        text(1, MAX_SOURCE_BYTES).description(Some(format!(
+                            "{what}: 1 to {MAX_SOURCE_BYTES} bytes of UTF-8, no control or \
+                             invisible formatting characters."
+                        ))),
+                    )
+                    .required(key)
+                    .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
+            };
+            OneOfBuilder::new()
+                .description(Some(
+                    "Exactly one of `{\"environment\": ...}`, `{\"image\": ...}`, \
+                     `{\"template\": ...}`.",
+                ))
+                .item(variant(
+                    "environment",
+                    "A portable environment (seed 000), offered by the pools that declare it",
+                ))
+                .item(variant("image", "An OCI image reference"))
+                .item(variant("template", "A provider template"))
+                .into()
+        }
+    }
+
+    impl ToSchema for Source {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed("Source")
+        }
+    }
+
+    /// Untagged: the keyword `"auto"` or a list of provider names, which must be unique.
+    impl PartialSchema for Order {
+        fn schema() -> RefOr<Schema> {
+            OneOfBuilder::new()
+                .description(Some(
+                    "`\"auto\"` (the workspace Auto order, else the configured order) or an \
+                     explicit list of provider names, each its own tier; the entry `\"standby\"` \
+                     places the Standby Pool. Candidates must be unique.",
+                ))
+                .item(Ref::from_schema_name(AutoKeyword::name()))
+                .item(
+                    ArrayBuilder::new()
+                        .items(Ref::from_schema_name(Name::name()))
+                        .max_items(Some(MAX_ENTRIES))
+                        .unique_items(true),
+                )
+                .into()
+        }
+    }
+
+    impl ToSchema for Order {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed("Order")
+        }
+
+        fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+            schemas.push((AutoKeyword::name().into(), AutoKeyword::schema()));
+            schemas.push((Name::name().into(), Name::schema()));
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------ validation
@@ -730,6 +1056,206 @@ mod tests {
         // Whatever is refused, the message never quotes the value.
         let err = check(serde_json::json!({"labels": {"secret-ish\u{0}": "x"}})).unwrap_err();
         assert!(!err.message.contains("secret-ish"), "{err}");
+    }
+
+    /// The schema's literal bounds are the validation constants, its text pattern refuses
+    /// exactly the characters [`check_text`] does, every `deny_unknown_fields` object is
+    /// closed, and every struct's properties are its serde fields.
+    #[cfg(feature = "openapi")]
+    #[test]
+    fn openapi_bounds_are_the_constants() {
+        use utoipa::{PartialSchema, ToSchema};
+
+        let mut all = Vec::new();
+        <Request as ToSchema>::schemas(&mut all);
+        all.push(("Request".into(), Request::schema()));
+        let schemas: BTreeMap<String, serde_json::Value> = all
+            .into_iter()
+            .map(|(name, schema)| (name, serde_json::to_value(schema).unwrap()))
+            .collect();
+        let number = |schema: &str, pointer: &str| -> f64 {
+            schemas[schema]
+                .pointer(pointer)
+                .and_then(serde_json::Value::as_f64)
+                .unwrap_or_else(|| panic!("{schema}{pointer} is not a number"))
+        };
+        let unsigned = |n: u64| n as f64;
+
+        assert_eq!(number("Resources", "/properties/cpu/exclusiveMinimum"), 0.0);
+        assert_eq!(number("Resources", "/properties/cpu/maximum"), MAX_CPU);
+        for (field, max) in [
+            ("memory_mb", MAX_MEMORY_MB),
+            ("disk_gb", MAX_DISK_GB),
+            ("gpu", u64::from(MAX_GPU)),
+        ] {
+            let min = if field == "gpu" { 0.0 } else { 1.0 };
+            assert_eq!(
+                number("Resources", &format!("/properties/{field}/minimum")),
+                min
+            );
+            assert_eq!(
+                number("Resources", &format!("/properties/{field}/maximum")),
+                unsigned(max),
+                "{field}"
+            );
+        }
+        for (schema, field) in [
+            ("WeightedLabelExpr", "weight"),
+            ("WeightedSandboxTerm", "weight"),
+            ("SpreadTerm", "weight"),
+            ("SpreadTerm", "max_skew"),
+        ] {
+            let at = format!("/properties/{field}");
+            assert_eq!(number(schema, &format!("{at}/minimum")), 1.0);
+            assert_eq!(
+                number(schema, &format!("{at}/maximum")),
+                unsigned(MAX_WEIGHT.into()),
+                "{schema}.{field}"
+            );
+        }
+        assert_eq!(number("Name", "/minLength"), 1.0);
+        assert_eq!(number("Name", "/maxLength"), MAX_NAME_BYTES as f64);
+        assert_eq!(number("LabelValue", "/maxLength"), MAX_VALUE_BYTES as f64);
+        for i in 0..3 {
+            let pointer = format!("/oneOf/{i}/properties");
+            let (_, text) = schemas["Source"]
+                .pointer(&pointer)
+                .and_then(serde_json::Value::as_object)
+                .and_then(|p| p.iter().next())
+                .unwrap();
+            assert_eq!(text["minLength"], 1);
+            assert_eq!(text["maxLength"], MAX_SOURCE_BYTES);
+        }
+        assert_eq!(
+            number("Network", "/properties/allow_domains/items/maxLength"),
+            253.0
+        );
+
+        // Every list and map is bounded by MAX_ENTRIES, the egress lists by four times that.
+        fn bounds(v: &serde_json::Value, at: String, out: &mut Vec<(String, u64)>) {
+            match v {
+                serde_json::Value::Object(o) => {
+                    for key in ["maxItems", "maxProperties"] {
+                        if let Some(n) = o.get(key).and_then(serde_json::Value::as_u64) {
+                            out.push((at.clone(), n));
+                        }
+                    }
+                    if o.get("type").is_some_and(|t| t == "array" || t == "object")
+                        && !o.contains_key("maxItems")
+                        && !o.contains_key("maxProperties")
+                        && !o.contains_key("properties")
+                    {
+                        out.push((at.clone(), 0));
+                    }
+                    for (k, v) in o {
+                        bounds(v, format!("{at}/{k}"), out);
+                    }
+                }
+                serde_json::Value::Array(a) => {
+                    for (i, v) in a.iter().enumerate() {
+                        bounds(v, format!("{at}/{i}"), out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        for (name, schema) in &schemas {
+            bounds(schema, name.clone(), &mut found);
+        }
+        for (at, n) in &found {
+            // `default` values are examples, not schemas; the isolation mode's property map
+            // is unbounded in the parser too.
+            if at.contains("/default") || at.starts_with("IsolationMode") {
+                continue;
+            }
+            let expected = if at.starts_with("Network/properties/") {
+                4 * MAX_ENTRIES
+            } else {
+                MAX_ENTRIES
+            };
+            assert_eq!(*n, expected as u64, "{at}");
+        }
+        assert!(found.len() >= 14, "{found:?}");
+
+        // The pattern's ranges are `forbidden_char`.
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+            let in_pattern = openapi::FORBIDDEN
+                .iter()
+                .any(|&(lo, hi)| (lo..=hi).contains(&c));
+            assert_eq!(in_pattern, forbidden_char(c), "U+{:04X}", c as u32);
+        }
+        assert_eq!(schemas["Name"]["pattern"], openapi::visible_pattern());
+
+        // Closed where the parser is; the top level is closed by the create body.
+        let closed = [
+            "Resources",
+            "Features",
+            "ProcessFeatures",
+            "FilesystemFeatures",
+            "Network",
+            "LabelExpr",
+            "WeightedLabelExpr",
+            "PoolAffinity",
+            "SandboxTerm",
+            "WeightedSandboxTerm",
+            "SandboxAffinity",
+            "SpreadTerm",
+            "Routing",
+        ];
+        for name in closed {
+            assert_eq!(schemas[name]["additionalProperties"], false, "{name}");
+        }
+        assert!(schemas["Request"].get("additionalProperties").is_none());
+
+        // Properties are exactly the serde fields.
+        let keys = |v: serde_json::Value| -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let term = SpreadTerm {
+            topology: TopologyKey::Zone,
+            max_skew: 1,
+            mode: SpreadMode::Soft,
+            weight: 1,
+            match_labels: BTreeMap::new(),
+        };
+        let expr = WeightedLabelExpr {
+            weight: 1,
+            key: "k".into(),
+            operator: Operator::In,
+            values: Vec::new(),
+        };
+        for (name, value) in [
+            ("Request", serde_json::to_value(Request::default()).unwrap()),
+            (
+                "Resources",
+                serde_json::to_value(Resources::default()).unwrap(),
+            ),
+            (
+                "Features",
+                serde_json::to_value(Features::default()).unwrap(),
+            ),
+            ("Network", serde_json::to_value(Network::default()).unwrap()),
+            ("Routing", serde_json::to_value(Routing::default()).unwrap()),
+            (
+                "SandboxAffinity",
+                serde_json::to_value(SandboxAffinity::default()).unwrap(),
+            ),
+            (
+                "PoolAffinity",
+                serde_json::to_value(PoolAffinity::default()).unwrap(),
+            ),
+            ("SpreadTerm", serde_json::to_value(term).unwrap()),
+            ("WeightedLabelExpr", serde_json::to_value(expr).unwrap()),
+        ] {
+            assert_eq!(
+                keys(value),
+                keys(schemas[name]["properties"].clone()),
+                "{name}"
+            );
+        }
     }
 
     #[test]
