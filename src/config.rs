@@ -66,6 +66,47 @@ pub struct Config {
     pub create: CreateConfig,
     /// The `kind = "local"` provider: namespaced sandboxes on this machine.
     pub local: LocalConfig,
+    /// What this process serves (`sandgate serve --role`, `SANDGATE_ROLE`); not a file key,
+    /// so one configuration file serves every role of a deployment.
+    #[serde(skip)]
+    pub role: Role,
+}
+
+/// The planes one `sandgate serve` process runs, so that the proxy plane and the control
+/// plane can scale separately behind their own load balancers.
+///
+/// | role | egress proxy listeners | API | creates, janitor, account checks |
+/// |---|---|---|---|
+/// | `all` (default) | yes | every route | yes |
+/// | `api` | no | every route | yes |
+/// | `proxy` | yes | `/livez`, `/readyz`, `/healthz`, `/metrics` only | no |
+///
+/// Every role answers the probes on the API listener (`[api] listen`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    #[default]
+    All,
+    Api,
+    Proxy,
+}
+
+impl Role {
+    pub fn serves_proxy(self) -> bool {
+        matches!(self, Role::All | Role::Proxy)
+    }
+
+    pub fn serves_api(self) -> bool {
+        matches!(self, Role::All | Role::Api)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::All => "all",
+            Role::Api => "api",
+            Role::Proxy => "proxy",
+        }
+    }
 }
 
 /// `[local]`: settings of the local provider (every pool whose provider kind is `local`).

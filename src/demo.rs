@@ -55,9 +55,9 @@ pub async fn run() -> Result<i32, DemoError> {
     );
 
     step("2. A gateway with a local pool, a credential and the bundled policies");
-    let secret = format!("demo-secret-{}", crate::create::random_hex(6));
+    let secret = format!("demo-secret-{}", crate::base::ids::random_hex(6));
     std::fs::write(root.join("demo-key"), &secret).map_err(setup)?;
-    let api_token = crate::create::random_hex(API_TOKEN_LEN);
+    let api_token = crate::base::ids::random_hex(API_TOKEN_LEN);
     let decisions = root.join("decisions.jsonl");
     let toml = format!(
         r#"
@@ -211,7 +211,7 @@ impl TempDir {
     fn create() -> Result<TempDir, DemoError> {
         use std::os::unix::fs::DirBuilderExt;
         let path =
-            std::env::temp_dir().join(format!("sandgate-demo-{}", crate::create::random_hex(6)));
+            std::env::temp_dir().join(format!("sandgate-demo-{}", crate::base::ids::random_hex(6)));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)

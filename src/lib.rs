@@ -6,6 +6,7 @@
 //! placement router is its own crate, `sandgate-router`.
 
 pub mod api;
+pub mod base;
 pub mod cli;
 pub mod config;
 pub mod create;
@@ -20,6 +21,7 @@ pub mod localbox;
 pub mod net;
 pub mod policy;
 pub mod providers;
+pub mod replicas;
 pub mod server;
 pub mod store;
 pub mod telemetry;

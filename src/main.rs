@@ -57,7 +57,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Explain routing offline from a configuration file's pools.
+    /// Explain routing on a configuration's pools and the measured context of its store (or
+    /// of a running gateway with `--url`).
     Route {
         #[command(subcommand)]
         command: sandgate::cli::RouteCommand,
@@ -82,6 +83,11 @@ enum Command {
         /// TOML configuration file; without it the embedded defaults apply.
         #[arg(long, short, env = "SANDGATE_CONFIG")]
         config: Option<PathBuf>,
+        /// What this replica serves: `all` (proxy, API and creates), `api` (the control
+        /// plane, no proxy listener) or `proxy` (the egress proxy; its API listener answers
+        /// only /livez, /readyz, /healthz and /metrics).
+        #[arg(long, value_enum, env = "SANDGATE_ROLE", default_value = "all")]
+        role: sandgate::config::Role,
     },
     /// Manage the interception CA that sandboxes must trust.
     Ca {
@@ -176,8 +182,9 @@ fn main() -> anyhow::Result<()> {
             let code = runtime.block_on(sandgate::demo::run())?;
             std::process::exit(code);
         }
-        Command::Serve { config } => {
-            let config = Config::load(config.as_deref()).context("invalid configuration")?;
+        Command::Serve { config, role } => {
+            let mut config = Config::load(config.as_deref()).context("invalid configuration")?;
+            config.role = role;
             sandgate::telemetry::init_logging(&config.log);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -306,14 +313,21 @@ async fn serve(config: Config) -> anyhow::Result<()> {
              raise it or lower them, or a flood can exhaust descriptors before those limits shed it"
         );
     }
+    let role = config.role;
     let server = Server::start(config)
         .await
         .context("sandgate could not start")?;
+    let proxy_note = if role.serves_proxy() {
+        "(HTTP_PROXY)"
+    } else {
+        "(not served by this replica)"
+    };
     eprintln!(
-        "sandgate: proxy on http://{} (HTTP_PROXY), API on http://{}, CA {}",
+        "sandgate: proxy on http://{} {proxy_note}, API on http://{}, CA {}, role {}",
         server.proxy_addr(),
         server.api_addr(),
-        server.ca_cert_path().display()
+        server.ca_cert_path().display(),
+        role.as_str()
     );
     shutdown_signal().await;
     tracing::info!("shutting down");

@@ -119,7 +119,8 @@ pub struct Server {
     pub egress: Arc<EgressState>,
     /// The sandbox creation coordinator (tests reach the simulated providers through it).
     pub sandboxes: Arc<crate::create::Coordinator>,
-    proxy_workers: crate::egress::workers::Workers,
+    /// None on a replica of role `api`.
+    proxy_workers: Option<crate::egress::workers::Workers>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -156,13 +157,22 @@ impl Server {
             &credentials,
         )?);
 
-        let proxy_listener = bind("proxy", config.proxy.listen).await?;
-        let proxy_tls_listener = match config.proxy.tls_listen {
+        // A replica of role `api` binds no proxy listener; its sandboxes' proxy address is
+        // still the configured one (the proxy replicas', behind their load balancer).
+        let serves_proxy = config.role.serves_proxy();
+        let proxy_listener = match serves_proxy {
+            true => Some(bind("proxy", config.proxy.listen).await?),
+            false => None,
+        };
+        let proxy_tls_listener = match config.proxy.tls_listen.filter(|_| serves_proxy) {
             Some(addr) => Some(bind("proxy_tls", addr).await?),
             None => None,
         };
         let api_listener = bind("api", config.api.listen).await?;
-        let proxy_addr = local_addr("proxy", config.proxy.listen, &proxy_listener)?;
+        let proxy_addr = match &proxy_listener {
+            Some(listener) => local_addr("proxy", config.proxy.listen, listener)?,
+            None => config.proxy.listen,
+        };
         let proxy_tls_addr = match (&proxy_tls_listener, config.proxy.tls_listen) {
             (Some(listener), Some(addr)) => Some(local_addr("proxy_tls", addr, listener)?),
             _ => None,
@@ -206,11 +216,18 @@ impl Server {
         )?);
 
         let workers = crate::egress::workers::count(config.proxy.workers);
-        let proxy_workers = proxy_listener
-            .into_std()
-            .and_then(|listener| crate::egress::workers::start(listener, &egress, workers))
-            .map_err(StartError::ProxyWorkers)?;
-        tracing::debug!(workers, "proxy worker threads started");
+        let proxy_workers = match proxy_listener {
+            Some(listener) => Some(
+                listener
+                    .into_std()
+                    .and_then(|listener| crate::egress::workers::start(listener, &egress, workers))
+                    .map_err(StartError::ProxyWorkers)?,
+            ),
+            None => None,
+        };
+        if proxy_workers.is_some() {
+            tracing::debug!(workers, "proxy worker threads started");
+        }
         let mut tasks = Vec::new();
         if let (Some(listener), Some(tls)) = (proxy_tls_listener, proxy_tls) {
             tasks.push(tokio::spawn(crate::egress::serve_tls(
@@ -269,15 +286,22 @@ impl Server {
             local_proxy_port: config.local.proxy_port,
             remote: remote_gateway(&config, &ca_cert_path)?,
         });
-        let restored = sandboxes.restore().await?;
+        let restored = sandboxes.restore(config.role.serves_api()).await?;
         if restored > 0 {
             tracing::info!(
                 sandboxes = restored,
                 "registered the egress identities of running sandboxes"
             );
         }
-        tasks.extend(sandboxes.spawn_background());
-        let app = crate::api::router(crate::api::ApiState {
+        // Only the control plane drives creates (resumes, janitor, account checks); a proxy
+        // replica serves the identities the store holds.
+        if config.role.serves_api() {
+            tasks.extend(sandboxes.spawn_background());
+        }
+        let replica = Arc::new(crate::replicas::Replica::new(config.role));
+        replica.beat(&store, &policy).await?;
+        tasks.push(replica.spawn_heartbeat(store.clone(), policy.clone()));
+        let state = crate::api::ApiState {
             policy: policy.clone(),
             identities,
             credentials,
@@ -287,7 +311,13 @@ impl Server {
             ca_cert_path: ca_cert_path.clone(),
             sandboxes: sandboxes.clone(),
             execs: Default::default(),
-        });
+            role: config.role,
+            replica: replica.clone(),
+        };
+        let app = match config.role.serves_api() {
+            true => crate::api::router(state),
+            false => crate::api::probes_router(state),
+        };
         let limits = crate::api::listener::Limits {
             max_connections: config.api.max_connections,
             max_connections_per_ip: config.api.max_connections_per_ip,
@@ -343,7 +373,9 @@ impl Server {
     /// Stops accepting; the proxy workers close their connections, other in-flight work
     /// ends with the runtime.
     pub fn shutdown(self) {
-        self.proxy_workers.stop();
+        if let Some(workers) = self.proxy_workers {
+            workers.stop();
+        }
         for task in self.tasks {
             task.abort();
         }

@@ -15,43 +15,12 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
+pub use crate::base::{DelegationScope, Principal};
 use crate::config::ApiTokenConfig;
 use crate::error::ErrorReply;
 
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Principal {
-    pub principal: String,
-    pub workspace: String,
-    pub roles: Vec<String>,
-    /// Set when the caller is an agent holding a delegated capability of this principal.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub delegation: Option<DelegationScope>,
-}
-
-/// What a delegated token may do.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct DelegationScope {
-    pub id: String,
-    pub agent: String,
-    pub sandbox_id: String,
-    pub actions: Vec<String>,
-    pub expires_ms: i64,
-}
-
 /// Prefix of delegated capability tokens.
 pub const DELEGATION_TOKEN_PREFIX: &str = "sgd_";
-
-impl Principal {
-    pub fn is_admin(&self) -> bool {
-        self.roles.iter().any(|r| r == "admin")
-    }
-
-    /// Whether the principal may manage resources of `workspace`: its own, or any for a
-    /// platform admin.
-    pub fn may_manage(&self, workspace: &str) -> bool {
-        self.workspace == workspace || self.is_admin()
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 #[error("config key `api.tokens[{index}].token_env`: environment variable {var} is not set")]
@@ -129,7 +98,7 @@ impl ApiAuth {
                 .create_new(true)
                 .mode(0o600)
                 .open(file)?;
-            out.write_all(format!("sgt_{}\n", crate::create::random_hex(24)).as_bytes())?;
+            out.write_all(format!("sgt_{}\n", crate::base::ids::random_hex(24)).as_bytes())?;
             out.sync_all()?;
         }
         let token = std::fs::read_to_string(file)?.trim().to_string();
@@ -201,7 +170,7 @@ async fn delegated(state: &super::ApiState, token: &str) -> Result<Arc<Principal
     if row.revoked_ms.is_some() {
         return Err(unauthenticated("this delegated token was revoked"));
     }
-    if crate::create::now_ms() >= row.expires_ms {
+    if crate::base::clock::now_ms() >= row.expires_ms {
         return Err(unauthenticated("this delegated token has expired"));
     }
     let Some(delegator) = state.auth.principal_named(&row.delegator, &row.workspace) else {

@@ -163,10 +163,13 @@ pub async fn mint(
             actions.push(action.clone());
         }
     }
-    let token = format!("{DELEGATION_TOKEN_PREFIX}{}", crate::create::random_hex(24));
-    let now = crate::create::now_ms();
+    let token = format!(
+        "{DELEGATION_TOKEN_PREFIX}{}",
+        crate::base::ids::random_hex(24)
+    );
+    let now = crate::base::clock::now_ms();
     let row = DelegationRow {
-        id: format!("dg-{}", crate::create::random_hex(8)),
+        id: format!("dg-{}", crate::base::ids::random_hex(8)),
         token_hash: token_hash(&token),
         sandbox_id: id.clone(),
         workspace: caller.workspace.clone(),
@@ -248,7 +251,7 @@ pub async fn revoke(
         Err(e) => return crate::create::internal(e).into_response(),
     }
     match store
-        .revoke_delegation(&delegation_id, crate::create::now_ms())
+        .revoke_delegation(&delegation_id, crate::base::clock::now_ms())
         .await
     {
         Ok(_) => {

@@ -50,12 +50,14 @@ pub struct ApiState {
     pub sandboxes: Arc<crate::create::Coordinator>,
     /// Running execs, for cancellation by id.
     pub execs: Arc<sandbox_ops::ExecRegistry>,
+    /// What this replica serves (`sandgate serve --role`).
+    pub role: crate::config::Role,
+    /// This replica in the deployment's registry (`GET /v1/policies` lists them all).
+    pub replica: Arc<crate::replicas::Replica>,
 }
 
 pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
+    probes()
         .merge(credentials::routes())
         .merge(identities::routes())
         .merge(policies::routes())
@@ -72,6 +74,69 @@ pub fn router(state: ApiState) -> Router {
         .layer(DefaultBodyLimit::max(body::MAX_JSON_BYTES))
         .layer(axum::middleware::map_response(error_shape))
         .with_state(state)
+}
+
+/// The routes every role serves: health, the probes and metrics.
+fn probes() -> Router<ApiState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+}
+
+/// The API of a replica of role `proxy`: the probes and metrics only; every other path is
+/// 404 `not_found` (this replica creates and manages nothing).
+pub fn probes_router(state: ApiState) -> Router {
+    probes()
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::map_response(error_shape))
+        .with_state(state)
+}
+
+/// Liveness: the process is serving requests (a Kubernetes `livenessProbe`; a failure means
+/// restart it). Nothing is checked beyond answering, so a slow database never restarts a
+/// replica.
+#[utoipa::path(get, path = "/livez", tag = "service", responses((status = 200, description = "{live: true, role}")))]
+pub async fn livez(State(state): State<ApiState>) -> Response {
+    Json(json!({"live": true, "role": state.role.as_str()})).into_response()
+}
+
+/// Readiness: the store answers and a policy generation is loaded (a `readinessProbe` or a
+/// load balancer's health check; a failure means send no traffic here for now).
+#[utoipa::path(get, path = "/readyz", tag = "service", responses(
+    (status = 200, description = "{ready: true, role, policy_generation}"),
+    (status = 503, description = "not_ready with details {store, policy_generation}: the store did not answer, or no policy generation is loaded"),
+))]
+pub async fn readyz(State(state): State<ApiState>) -> Response {
+    let generation = state.policy.status().generation;
+    let store = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        state.sandboxes.store().ping(),
+    )
+    .await;
+    let store_ok = matches!(store, Ok(Ok(())));
+    if let Ok(Err(e)) = &store {
+        tracing::warn!(error = %e, "readiness: the store did not answer");
+    }
+    if store_ok && generation > 0 {
+        return Json(
+            json!({"ready": true, "role": state.role.as_str(), "policy_generation": generation}),
+        )
+        .into_response();
+    }
+    // The store's error is logged, not shown: it may name hosts and users.
+    crate::error::ErrorReply::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        "this replica is not ready: see details",
+    )
+    .with_details(json!({
+        "store": if store_ok { "ok" } else { "unreachable" },
+        "policy_generation": generation,
+    }))
+    .into_response()
 }
 
 /// `status` is `ok`, or `degraded` when the newest policy files failed to load and the

@@ -115,6 +115,8 @@ pub async fn explain(
         super::credentials::remove,
         super::identities::env,
         super::healthz,
+        super::livez,
+        super::readyz,
         super::metrics,
         openapi,
     ),

@@ -397,7 +397,7 @@ async fn start_exec(
         )
         .await
         .map_err(op_error)?;
-    let exec_id = format!("ex-{}", crate::create::random_hex(8));
+    let exec_id = format!("ex-{}", crate::base::ids::random_hex(8));
     state.execs.map().insert(
         exec_id.clone(),
         RunningExec {
@@ -882,7 +882,7 @@ pub async fn snapshot(
             pool: placement.pool,
             provider: placement.provider,
             size_bytes: 0,
-            created_ms: crate::create::now_ms(),
+            created_ms: crate::base::clock::now_ms(),
             kind: crate::store::snapshots::PROVIDER_SNAPSHOT.into(),
         };
         if body.is_filesystem() {
@@ -902,7 +902,7 @@ pub async fn snapshot(
             )
             .await
             .map_err(op_error)?;
-            row.id = format!("fsx-{}", crate::create::random_hex(12));
+            row.id = format!("fsx-{}", crate::base::ids::random_hex(12));
             row.kind = crate::store::snapshots::FILESYSTEM_EXPORT.into();
             row.size_bytes = archive.len() as i64;
             state

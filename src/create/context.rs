@@ -60,7 +60,7 @@ impl Inputs<'_> {
         request: Option<&Request>,
         workspace: Option<&str>,
     ) -> Result<(RouteContext, StoreReading), StoreError> {
-        let since = super::now_ms() - self.config.stats_window_secs as i64 * 1000;
+        let since = crate::base::clock::now_ms() - self.config.stats_window_secs as i64 * 1000;
         let rows = self.store.samples_since(since).await?;
         let samples = rows.len();
         let mut windows: HashMap<String, PoolWindow> = HashMap::new();

@@ -40,7 +40,7 @@ use super::record::PlacementRecord;
 use super::{
     refusal_reply, Admission, Coordinator, CreateBody, Job, StoredCandidate, StoredPrincipal,
 };
-use crate::api::auth::Principal;
+use crate::base::Principal;
 use crate::store::sandboxes::SandboxRow;
 
 impl Coordinator {
@@ -116,7 +116,7 @@ fn would_be_job(
     body: &CreateBody,
     candidates: &[StoredCandidate],
 ) -> Job {
-    let now = super::now_ms();
+    let now = crate::base::clock::now_ms();
     Job {
         row: SandboxRow {
             id: id.to_string(),

@@ -42,7 +42,9 @@ use sandgate_router::{
     EgressEnforcement, NoEligible, PoolStats, ProviderKind, Request, RouteContext, Topology,
 };
 
-use crate::api::auth::Principal;
+use crate::base::clock::now_ms;
+use crate::base::ids::random_hex;
+use crate::base::Principal;
 use crate::config::CreateConfig;
 use crate::credentials::{CredentialStore, Secret};
 use crate::error::ErrorReply;
@@ -61,19 +63,6 @@ use crate::store::{Store, StoreError};
 
 pub use body::CreateBody;
 use context::{PoolWindow, LATENCY_SAMPLES};
-
-pub fn now_ms() -> i64 {
-    crate::providers::simulated::now_ms()
-}
-
-pub fn random_hex(bytes: usize) -> String {
-    use ring::rand::SecureRandom;
-    let mut buf = vec![0u8; bytes];
-    ring::rand::SystemRandom::new()
-        .fill(&mut buf)
-        .expect("system randomness");
-    buf.iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// One candidate pool as routing produced it, stored with the sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -1689,8 +1678,11 @@ impl Coordinator {
 
     // ------------------------------------------------------- restart, leases, janitor
 
-    /// At start-up: register the identities of running sandboxes again.
-    pub async fn restore(&self) -> Result<usize, StoreError> {
+    /// At start-up: register the identities of running sandboxes again. With
+    /// `reconcile_instances` (the control plane), a sandbox whose provider positively says its
+    /// instance is gone is marked failed first; a proxy replica only serves identities and
+    /// leaves the judgement to the control plane (it may not even reach the providers).
+    pub async fn restore(&self, reconcile_instances: bool) -> Result<usize, StoreError> {
         let since = now_ms() - self.deps.config.stats_window_secs as i64 * 1000;
         let rows = self.deps.store.samples_since(since).await?;
         {
@@ -1702,7 +1694,7 @@ impl Coordinator {
         let rows = self.deps.store.running_sandboxes().await?;
         let mut restored = 0;
         for row in &rows {
-            if self.instance_lost(row).await {
+            if reconcile_instances && self.instance_lost(row).await {
                 let error = ErrorReply::new(
                     StatusCode::GONE,
                     "instance_lost",

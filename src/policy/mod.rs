@@ -89,6 +89,8 @@ pub const PLATFORM_SCOPE: &str = "platform";
 
 struct Generation {
     number: u64,
+    /// [`Loaded::digest`] of the files this generation was built from.
+    digest: String,
     files: Vec<String>,
     fingerprint: Vec<(String, u64, SystemTime)>,
     engine: regorus::Engine,
@@ -156,6 +158,7 @@ struct Verdict {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PolicyStatus {
     pub generation: u64,
+    pub digest: String,
     pub files: Vec<String>,
     pub last_error: Option<String>,
     pub loaded_at_unix: u64,
@@ -164,8 +167,11 @@ pub struct PolicyStatus {
 /// `GET /v1/policies`.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct PolicyReport {
-    /// The generation serving decisions now.
+    /// The generation serving decisions now (a counter local to this replica).
     pub generation: u64,
+    /// SHA-256 of the serving generation's files (names and text): equal on two replicas
+    /// exactly when they serve the same policy.
+    pub digest: String,
     /// When that generation was loaded (RFC 3339).
     pub loaded_at: String,
     pub dir: String,
@@ -319,6 +325,7 @@ impl PolicyEngine {
         let current = self.current();
         PolicyStatus {
             generation: current.number,
+            digest: current.digest.clone(),
             files: current.files.clone(),
             last_error: self
                 .last_error
@@ -358,6 +365,7 @@ impl PolicyEngine {
         bytecode.sort_by_key(|l| LAYERS.iter().position(|x| x == l));
         PolicyReport {
             generation: current.number,
+            digest: current.digest.clone(),
             loaded_at: rfc3339(loaded_at),
             dir: self.dir.display().to_string(),
             evaluator: self.evaluator,
@@ -940,6 +948,9 @@ pub(crate) struct Loaded {
     pub names: Vec<String>,
     /// `(file, package)` of every `.rego` file.
     pub modules: Vec<(String, String)>,
+    /// SHA-256 (hex) over every loaded file's name and text, in load order: the same
+    /// policy on two replicas has the same digest whatever their generation counters say.
+    pub digest: String,
 }
 
 /// Loads the directory's policies and data (and, for `policy test`, the `*_test.rego`
@@ -957,11 +968,20 @@ pub(crate) fn build_engine(dir: &Path, include_tests: bool) -> Result<Loaded, Po
     engine.set_strict_builtin_errors(false);
     let mut names = Vec::new();
     let mut modules = Vec::new();
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut hash = |rel: &str, text: &str| {
+        // Lengths first, so that no two different file sets hash the same bytes.
+        for part in [rel.as_bytes(), text.as_bytes()] {
+            digest.update(&(part.len() as u64).to_be_bytes());
+            digest.update(part);
+        }
+    };
     for (rel, path) in &files.rego {
         let text = std::fs::read_to_string(path).map_err(|e| PolicyError::File {
             file: rel.clone(),
             reason: e.to_string(),
         })?;
+        hash(rel, &text);
         let package =
             engine
                 .add_policy(rel.clone(), text.clone())
@@ -978,6 +998,7 @@ pub(crate) fn build_engine(dir: &Path, include_tests: bool) -> Result<Loaded, Po
             file: rel.clone(),
             reason: e.to_string(),
         })?;
+        hash(rel, &text);
         let mut value = Value::from_json_str(&text).map_err(|e| PolicyError::File {
             file: rel.clone(),
             reason: e.to_string(),
@@ -997,6 +1018,7 @@ pub(crate) fn build_engine(dir: &Path, include_tests: bool) -> Result<Loaded, Po
         engine,
         names,
         modules,
+        digest: hex::encode(digest.finish()),
     })
 }
 
@@ -1010,6 +1032,7 @@ fn finish_generation(
         mut engine,
         names,
         modules,
+        digest,
     } = loaded;
     let packages = engine
         .get_packages()
@@ -1136,6 +1159,7 @@ fn finish_generation(
     }
     Ok(Generation {
         number,
+        digest,
         files: names,
         fingerprint,
         engine,

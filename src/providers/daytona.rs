@@ -592,7 +592,7 @@ impl Daytona {
         }
         let base = self.toolbox_base(id).await?;
         let url = format!("{base}/process/execute");
-        let marker = format!("/tmp/.sandgate-exec-{}", crate::create::random_hex(8));
+        let marker = format!("/tmp/.sandgate-exec-{}", crate::base::ids::random_hex(8));
         let command = format!(
             "{{ echo $$ > {marker}; }} 2>/dev/null; trap 'rm -f {marker}' EXIT\n{}\n",
             quote_argv(&spec.argv)
@@ -1353,7 +1353,7 @@ impl Provider for Daytona {
         instance_id: &'a str,
     ) -> BoxFuture<'a, Result<SnapshotInfo, OpError>> {
         Box::pin(async move {
-            let name = format!("sandgate-{}", crate::create::random_hex(8));
+            let name = format!("sandgate-{}", crate::base::ids::random_hex(8));
             let path = format!("/sandbox/{}/snapshot", path_segment(instance_id));
             let request = self.api(Method::POST, &path).json(&json!({"name": name}));
             let response = self.http.send(request).await.map_err(op_error)?;

@@ -119,7 +119,7 @@ impl LocalProvider {
     }
 
     async fn do_create(&self, spec: CreateSpec) -> Result<Instance, ProviderError> {
-        let instance_id = format!("lb-{}", crate::create::random_hex(6));
+        let instance_id = format!("lb-{}", crate::base::ids::random_hex(6));
         let resources = &spec.request.resources;
         let caps = self.runtime.capabilities();
         let limits = Limits {
@@ -366,7 +366,7 @@ impl Provider for LocalProvider {
         instance_id: &'a str,
     ) -> BoxFuture<'a, Result<SnapshotInfo, OpError>> {
         Box::pin(async move {
-            let id = format!("snap-{}", crate::create::random_hex(8));
+            let id = format!("snap-{}", crate::base::ids::random_hex(8));
             let path = self.snapshot_path(&id)?;
             match self.runtime.snapshot(instance_id, &path).await {
                 Ok(size_bytes) => Ok(SnapshotInfo { id, size_bytes }),

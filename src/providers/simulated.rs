@@ -33,6 +33,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::base::clock::now_ms;
+
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, Provider, ProviderError,
     RuntimeCapabilities, Tags,
@@ -197,13 +199,6 @@ impl std::fmt::Debug for SimulatedProvider {
             .field("pool", &self.pool)
             .finish()
     }
-}
-
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn random_unit() -> f64 {

@@ -4,6 +4,7 @@
 
 pub mod attempt_stats;
 pub mod delegations;
+pub mod replicas;
 pub mod sandboxes;
 pub mod snapshots;
 
@@ -85,6 +86,12 @@ impl Store {
             .await
             .map_err(|e| StoreError::Migrate(e.to_string()))?;
         Ok(Store { pool })
+    }
+
+    /// One round trip to the database (`GET /readyz`).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
     }
 
     pub fn sqlite_pool(&self) -> &SqlitePool {

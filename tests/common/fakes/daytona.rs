@@ -693,7 +693,7 @@ fn daemon_error(call: &Call, status: StatusCode, message: &str) -> Answer {
 }
 
 fn random_id() -> String {
-    let hex = sandgate::create::random_hex(16);
+    let hex = sandgate::base::ids::random_hex(16);
     format!(
         "{}-{}-4{}-8{}-{}",
         &hex[0..8],
