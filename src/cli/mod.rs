@@ -7,6 +7,7 @@
 mod explain;
 mod pools;
 mod provider;
+mod term;
 mod wait;
 mod why;
 

@@ -7,6 +7,8 @@
 
 use serde_json::Value;
 
+use super::term::{aligned, clean};
+
 use super::{print, Api, CliError};
 
 const HEADER: [&str; 11] = [
@@ -79,50 +81,14 @@ fn row(p: &Value) -> Vec<String> {
     ]
 }
 
-/// Columns padded to their widest cell, two spaces apart; the last one is not padded.
-fn aligned(rows: &[Vec<String>]) -> String {
-    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|cell| cell.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for r in rows {
-        let mut line = String::new();
-        for (c, cell) in r.iter().enumerate() {
-            if c + 1 == r.len() {
-                line.push_str(cell);
-            } else {
-                let pad = widths[c].saturating_sub(cell.chars().count()) + 2;
-                line.push_str(cell);
-                line.extend(std::iter::repeat_n(' ', pad));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 /// A string value as a cell: `-` when absent; control characters (which would move the
-/// terminal's cursor) become `?`.
+/// terminal's cursor) are shown escaped.
 fn text(v: &Value) -> String {
     match v {
         Value::String(s) if !s.is_empty() => clean(s),
         Value::Null | Value::String(_) => "-".into(),
         other => clean(&other.to_string()),
     }
-}
-
-fn clean(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
 }
 
 fn provider(p: &Value) -> String {
@@ -262,7 +228,7 @@ mod tests {
                 "412 ms (n=5)",
                 "75% (3/4)",
                 "capacity=2,outage=1",
-                "failed: bad?[2Jkey",
+                "failed: bad\\u{1b}[2Jkey",
             ]
         );
     }

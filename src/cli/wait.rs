@@ -14,6 +14,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 
+use super::term::clean;
 use super::{Api, CliError};
 
 /// Connection failures in a row (no event received in between) before giving up.
@@ -269,20 +270,6 @@ impl Reporter {
             bar.finish_and_clear();
         }
     }
-}
-
-/// Text from the server, safe to print on a terminal: control characters (escape
-/// sequences from a provider's message, say) are shown escaped, never interpreted.
-fn clean(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| -> Box<dyn Iterator<Item = char>> {
-            if c.is_control() {
-                Box::new(c.escape_default())
-            } else {
-                Box::new(std::iter::once(c))
-            }
-        })
-        .collect()
 }
 
 fn text(v: &Value) -> String {

@@ -19,6 +19,8 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use super::term::{aligned, clean};
+
 /// The text for a `GET /v1/sandboxes/{id}` body.
 pub fn render(sandbox: &Value) -> String {
     let mut out = String::new();
@@ -99,7 +101,7 @@ fn explanation(out: &mut String, record: &Value) {
     for p in pools {
         rows.push(pool_row(p));
     }
-    table(out, &rows);
+    out.push_str(&aligned(&rows));
     let excluded = list(&record["excluded"]);
     for e in excluded {
         let _ = writeln!(out, "excluded {}: {}", text(&e["pool"]), text(&e["reason"]));
@@ -161,33 +163,7 @@ fn attempts(out: &mut String, attempts: &Value) {
             ]
         })
         .collect();
-    table(out, &rows);
-}
-
-/// Left-aligned columns, two spaces apart; the last column is not padded.
-fn table(out: &mut String, rows: &[Vec<String>]) {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for row in rows {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            if c + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
+    out.push_str(&aligned(&rows));
 }
 
 fn list(v: &Value) -> &[Value] {
@@ -206,15 +182,7 @@ fn text(v: &Value) -> String {
         },
         other => other.to_string(),
     };
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    clean(&s)
 }
 
 fn share(v: &Value) -> String {

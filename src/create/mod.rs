@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use sandgate_router::{
-    EgressEnforcement, NoEligible, PoolStats, ProviderKind, Request, RouteContext, Topology,
+    EgressEnforcement, NoEligible, ProviderKind, Request, RouteContext, Topology,
 };
 
 use crate::base::clock::now_ms;
@@ -62,7 +62,7 @@ use crate::store::snapshots::SnapshotRow;
 use crate::store::{Store, StoreError};
 
 pub use body::CreateBody;
-use context::{PoolWindow, LATENCY_SAMPLES};
+use context::PoolWindow;
 
 /// One candidate pool as routing produced it, stored with the sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -233,10 +233,7 @@ impl Coordinator {
         workspace: Option<&str>,
     ) -> Result<RouteContext, StoreError> {
         let since = now_ms() - self.deps.config.stats_window_secs as i64 * 1000;
-        let stats: HashMap<String, PoolStats> = {
-            let mut windows = self.samples.lock().unwrap_or_else(|e| e.into_inner());
-            context::stats(&mut windows, since)
-        };
+        let stats = self.window_stats(since);
         let inputs = context::Inputs {
             store: &self.deps.store,
             topology: &self.deps.topology,

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use sandgate_router::{IsolationMode, Pool, PoolStats, ProviderKind};
 
-use super::{now_ms, Coordinator, LATENCY_SAMPLES};
+use super::{now_ms, Coordinator};
 use crate::providers::{hosted, Provider};
 use crate::store::StoreError;
 
@@ -243,14 +243,11 @@ impl Coordinator {
         }))
     }
 
-    /// The routing stats of every pool with samples, exactly as `route_context_for` takes
-    /// them.
-    fn window_stats(&self, since: i64) -> HashMap<String, PoolStats> {
+    /// The routing stats of every pool with samples since `since` (ms): what routing ranks
+    /// by (`route_context_for`) and what `GET /v1/pools` shows.
+    pub(super) fn window_stats(&self, since: i64) -> HashMap<String, PoolStats> {
         let mut windows = self.samples.lock().unwrap_or_else(|e| e.into_inner());
-        windows
-            .iter_mut()
-            .map(|(pool, w)| (pool.clone(), w.stats(since, LATENCY_SAMPLES)))
-            .collect()
+        super::context::stats(&mut windows, since)
     }
 
     /// Each pool's account's current check, by account name.
