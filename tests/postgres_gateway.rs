@@ -1,0 +1,215 @@
+//! A real in-process gateway on `[store] url` (Postgres): sandboxes created on simulated
+//! pools through the HTTP API, an idempotent replay, a delete, and a restart on the same
+//! database that finds the sandbox again (its egress identity included). Runs on the server
+//! `SANDGATE_TEST_POSTGRES_URL` names, in a database of its own; outside CI without it, it
+//! prints `SKIPPED`; under CI it fails.
+
+mod common;
+
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use serde_json::{json, Value};
+
+use common::postgres::{self, TestDatabase};
+use common::*;
+
+const TOKEN_A: &str = "api-token-ws-a-0123456789";
+
+fn config(state_dir: &Path) -> String {
+    format!(
+        r#"
+[[api.tokens]]
+token = "{TOKEN_A}"
+principal = "alice"
+workspace = "ws-a"
+
+[create]
+short_wait_ms = 3000
+janitor_interval_ms = 100
+
+[[providers]]
+name = "sim"
+kind = "simulated"
+capabilities = {{ isolation = ["microvm"], egress = "gateway" }}
+
+[[accounts]]
+name = "acct-a"
+provider = "sim"
+[[accounts]]
+name = "acct-b"
+provider = "sim"
+
+[[pools]]
+name = "pool-a"
+provider = "sim"
+account = "acct-a"
+[[pools]]
+name = "pool-b"
+provider = "sim"
+account = "acct-b"
+
+# The inventories outlive the gateway, as a remote provider's would, so the restarted
+# gateway finds the instances again.
+[simulated.pool-a]
+state_file = {a:?}
+[simulated.pool-b]
+state_file = {b:?}
+"#,
+        a = state_dir.join("pool-a.json").display().to_string(),
+        b = state_dir.join("pool-b.json").display().to_string(),
+    )
+}
+
+struct Api {
+    gw: Gateway,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn start(url: &str, shared: &Path) -> Api {
+        let gw = Gateway::start(GatewayOptions {
+            extra_toml: config(shared),
+            store_url: Some(url.to_string()),
+            master_key_file: Some(shared.join("master.key")),
+            ..GatewayOptions::default()
+        })
+        .await;
+        Api {
+            gw,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn create(&self, body: &Value, key: Option<&str>) -> (u16, Value) {
+        let mut req = self
+            .http
+            .post(self.gw.api("/v1/sandboxes"))
+            .bearer_auth(TOKEN_A)
+            .json(body);
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let resp = req.send().await.unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str) -> (u16, Value) {
+        let resp = self
+            .http
+            .request(method, self.gw.api(path))
+            .bearer_auth(TOKEN_A)
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_on_postgres_creates_replays_deletes_and_survives_a_restart() {
+    const TEST: &str = "gateway_on_postgres_creates_replays_deletes_and_survives_a_restart";
+    init();
+    let Some(server) = postgres::server_or_skip(TEST) else {
+        return;
+    };
+    let db = TestDatabase::create(&server, "gateway_restart").await;
+    let url = db.url.expose().to_string();
+    let outcome = AssertUnwindSafe(run(url)).catch_unwind().await;
+    db.drop().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn run(url: String) {
+    let shared = tempfile::tempdir().unwrap();
+    let api = Api::start(&url, shared.path()).await;
+
+    // The store the gateway opened is Postgres, and says so without its password.
+    let store = api.gw.server.sandboxes.store();
+    assert_eq!(store.dialect(), sandgate::store::Dialect::Postgres);
+    if let Some(password) = url::Url::parse(&url).unwrap().password() {
+        assert!(!format!("{store:?}").contains(&format!(":{password}@")));
+    }
+
+    let body = json!({"labels": {"app": "pg"}});
+    let (status, first) = api.create(&body, Some("pg-key-1")).await;
+    assert_eq!(status, 201, "{first}");
+    assert_eq!(first["state"], "running", "{first}");
+    let id = first["id"].as_str().unwrap().to_string();
+    let token = first["egress"]["token"].as_str().unwrap().to_string();
+    let pool = first["placement"]["pool"].as_str().unwrap().to_string();
+
+    // The same key and body: the same sandbox, without the token.
+    let (status, replay) = api.create(&body, Some("pg-key-1")).await;
+    assert_eq!(status, 201, "{replay}");
+    assert_eq!(replay["id"], id.as_str());
+    assert_eq!(replay["egress"]["token_already_shown"], true, "{replay}");
+    // The same key with another body: a conflict naming the holder.
+    let (status, conflict) = api
+        .create(&json!({"labels": {"app": "other"}}), Some("pg-key-1"))
+        .await;
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(conflict["error"]["code"], "idempotency_conflict");
+    assert_eq!(conflict["error"]["details"]["sandbox_id"], id.as_str());
+
+    // A second sandbox, deleted.
+    let (status, second) = api.create(&json!({"labels": {"app": "gone"}}), None).await;
+    assert_eq!(status, 201, "{second}");
+    let gone = second["id"].as_str().unwrap().to_string();
+    let (status, deleted) = api
+        .call(reqwest::Method::DELETE, &format!("/v1/sandboxes/{gone}"))
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["state"], "deleted", "{deleted}");
+
+    // Listing by label goes through the Postgres JSON filter.
+    let (status, list) = api
+        .call(reqwest::Method::GET, "/v1/sandboxes?label=app=pg")
+        .await;
+    assert_eq!(status, 200, "{list}");
+    let listed: Vec<&str> = list["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(listed, [id.as_str()], "{list}");
+
+    // Restart on the same database (and master key): the sandbox is there, still running,
+    // its egress identity registered again from the sealed token.
+    api.gw.server.shutdown();
+    let api = Api::start(&url, shared.path()).await;
+    let (status, again) = api
+        .call(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
+        .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["state"], "running", "{again}");
+    assert_eq!(again["placement"]["pool"], pool.as_str(), "{again}");
+    let (_, gone_again) = api
+        .call(reqwest::Method::GET, &format!("/v1/sandboxes/{gone}"))
+        .await;
+    assert_eq!(gone_again["state"], "deleted", "{gone_again}");
+    let (status, replay) = api.create(&body, Some("pg-key-1")).await;
+    assert_eq!(status, 201, "{replay}");
+    assert_eq!(replay["id"], id.as_str(), "the key survived the restart");
+    let (status, _) = connect_tunnel(
+        api.gw.server.proxy_addr(),
+        "api.b.test:443",
+        Some((&id, &token)),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(
+        status, 403,
+        "authenticated after the restart, then refused by policy"
+    );
+    api.gw.server.shutdown();
+}
