@@ -32,6 +32,11 @@ const KNOWN_PARAMETERS: [&str; 18] = [
     "options",
 ];
 
+/// Whether the driver understands a query parameter.
+fn is_known(key: &str) -> bool {
+    KNOWN_PARAMETERS.contains(&key) || (key.starts_with("options[") && key.ends_with(']'))
+}
+
 /// A `postgres://` (or `postgresql://`) URL. The only way to the text with the password is
 /// [`DatabaseUrl::expose`], which the store calls to connect.
 #[derive(Clone, PartialEq, Eq)]
@@ -53,9 +58,7 @@ impl DatabaseUrl {
             ));
         }
         for (key, _) in parsed.url.query_pairs() {
-            let known = KNOWN_PARAMETERS.contains(&key.as_ref())
-                || (key.starts_with("options[") && key.ends_with(']'));
-            if !known {
+            if !is_known(&key) {
                 return Err(format!(
                     "{parsed}: unknown connection parameter {key:?} (known: {})",
                     KNOWN_PARAMETERS.join(", ")
@@ -71,18 +74,20 @@ impl DatabaseUrl {
     }
 
     /// The URL with the password (in the user part and any `password` parameter) replaced
-    /// by `***`.
+    /// by `***`, as are the values of parameters the driver does not know (a misspelt
+    /// `password` is still a password).
     pub fn redacted(&self) -> String {
         let mut url = self.url.clone();
         if url.password().is_some() {
             // Fails only for URLs that cannot have a password (no host), which have none.
             let _ = url.set_password(Some(REDACTED));
         }
-        if url.query_pairs().any(|(k, _)| k == "password") {
+        let hidden = |key: &str| key == "password" || !is_known(key);
+        if url.query_pairs().any(|(k, _)| hidden(&k)) {
             let pairs: Vec<(String, String)> = url
                 .query_pairs()
                 .map(|(k, v)| {
-                    let v = if k == "password" {
+                    let v = if hidden(&k) {
                         REDACTED.to_string()
                     } else {
                         v.into_owned()
