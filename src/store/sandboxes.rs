@@ -158,7 +158,7 @@ fn abandoned_row(r: &impl StoreRow) -> Result<AbandonedRow, sqlx::Error> {
 }
 
 /// `list_sandboxes`' statement: the conditions `f` sets, each with the next placeholder
-/// number, and the arguments in that order.
+/// number, and their arguments in that order (the limit follows them).
 fn list_query(f: &ListFilter, dialect: Dialect) -> (String, Vec<String>) {
     let mut sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes s WHERE 1 = 1");
     let mut args: Vec<String> = Vec::new();
@@ -191,7 +191,12 @@ fn list_query(f: &ListFilter, dialect: Dialect) -> (String, Vec<String>) {
             " AND (created_ms, id) > (SELECT created_ms, id FROM sandboxes WHERE id = {p})"
         ));
     }
-    sql.push_str(&format!(" ORDER BY created_ms, id LIMIT {}", f.limit));
+    // The limit is bound too (as the last argument), so the statement texts, which each
+    // connection prepares and caches, are one per combination of conditions.
+    sql.push_str(&format!(
+        " ORDER BY created_ms, id LIMIT ${}",
+        args.len() + 1
+    ));
     (sql, args)
 }
 
@@ -323,6 +328,7 @@ impl Store {
                 query = query.bind(arg);
             }
             query
+                .bind(i64::from(f.limit))
                 .fetch_all(pool)
                 .await?
                 .iter()
