@@ -226,7 +226,12 @@ impl Store {
         };
         let options = PgConnectOptions::from_str(url.expose())
             .map_err(|e| open_err(e.to_string()))?
-            .application_name("sandgate");
+            .application_name("sandgate")
+            // READ COMMITTED whatever the server's or database's default: the store's
+            // transactions rely on it (`insert_sandbox` reads the key's holder in a later
+            // statement, which must see a concurrent claimant's commit; a stricter level
+            // would fail the loser with a serialization error instead of answering).
+            .options([("default_transaction_isolation", "read committed")]);
         let pool = PgPoolOptions::new()
             .max_connections(8)
             // A store that cannot be reached fails a request in bounded time rather than

@@ -230,7 +230,8 @@ impl Store {
     /// backend: SQLite serialises writers (the first statement takes the write lock); on
     /// Postgres the key's `ON CONFLICT` upsert waits for a concurrent claimant's transaction
     /// to end and then re-checks its condition against the committed row, and the holder is
-    /// read by a later statement, which (at READ COMMITTED) sees that commit.
+    /// read by a later statement, which (at READ COMMITTED, which every store connection
+    /// uses: see `Store::open_postgres`) sees that commit.
     pub async fn insert_sandbox(
         &self,
         row: &SandboxRow,
