@@ -212,4 +212,39 @@ async fn run(url: String) {
         "authenticated after the restart, then refused by policy"
     );
     api.gw.server.shutdown();
+
+    // `sandgate route explain` reads the measured context from the configured store: the
+    // Postgres one, named without its password.
+    let cli_config = shared.path().join("explain.toml");
+    std::fs::write(
+        &cli_config,
+        format!("{}\n[store]\nurl = {url:?}\n", config(shared.path())),
+    )
+    .unwrap();
+    let request = shared.path().join("request.json");
+    std::fs::write(&request, json!({"labels": {"app": "pg"}}).to_string()).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .args(["route", "explain", "--config"])
+        .arg(&cli_config)
+        .arg("--request")
+        .arg(&request)
+        .current_dir(shared.path())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("measured context of the store at postgres://"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("(0 samples"),
+        "the creates' samples were read: {stderr}"
+    );
+    if let Some(password) = url::Url::parse(&url).unwrap().password() {
+        assert!(!stderr.contains(&format!(":{password}@")), "{stderr}");
+    }
+    let explanation: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(explanation.is_object(), "{explanation}");
 }
