@@ -219,8 +219,12 @@ impl Default for CreateConfig {
     }
 }
 
+/// `[store]`: where durable state lives. SQLite at `path` is the embedded default; `url`
+/// selects Postgres instead (shared by replicas). Setting both is refused, as is
+/// `synchronous` with `url` (it is a SQLite setting): a file that names two stores must
+/// not silently use one of them.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(from = "StoreToml")]
 pub struct StoreConfig {
     /// SQLite database file (created with its directory on first start).
     pub path: PathBuf,
@@ -228,6 +232,40 @@ pub struct StoreConfig {
     /// before it is acknowledged, so a power loss cannot drop the attempt rows that keep a
     /// create idempotent; `normal` may lose the last commits on power loss (not on a crash).
     pub synchronous: crate::store::Durability,
+    /// `postgres://user:password@host:port/database`: use Postgres instead of SQLite. Its
+    /// password never appears in logs, errors or `Debug` output (see `DatabaseUrl`).
+    pub url: Option<crate::store::DatabaseUrl>,
+    /// Which SQLite keys the file set (rather than left to their defaults), to refuse them
+    /// next to `url`.
+    sqlite_keys_set: Vec<&'static str>,
+}
+
+/// `[store]` as written in the file: which keys are set.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct StoreToml {
+    path: Option<PathBuf>,
+    synchronous: Option<crate::store::Durability>,
+    url: Option<crate::store::DatabaseUrl>,
+}
+
+impl From<StoreToml> for StoreConfig {
+    fn from(t: StoreToml) -> Self {
+        let defaults = StoreConfig::default();
+        let mut sqlite_keys_set = Vec::new();
+        if t.path.is_some() {
+            sqlite_keys_set.push("store.path");
+        }
+        if t.synchronous.is_some() {
+            sqlite_keys_set.push("store.synchronous");
+        }
+        StoreConfig {
+            path: t.path.unwrap_or(defaults.path),
+            synchronous: t.synchronous.unwrap_or(defaults.synchronous),
+            url: t.url,
+            sqlite_keys_set,
+        }
+    }
 }
 
 impl Default for StoreConfig {
@@ -235,7 +273,33 @@ impl Default for StoreConfig {
         StoreConfig {
             path: PathBuf::from("data/sandgate.db"),
             synchronous: crate::store::Durability::Full,
+            url: None,
+            sqlite_keys_set: Vec::new(),
         }
+    }
+}
+
+impl StoreConfig {
+    /// A Postgres store at `url` (the SQLite keys at their defaults).
+    pub fn postgres(url: crate::store::DatabaseUrl) -> StoreConfig {
+        StoreConfig {
+            url: Some(url),
+            ..StoreConfig::default()
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.url.is_some() {
+            if let Some(key) = self.sqlite_keys_set.first() {
+                return Err(ConfigError::invalid(
+                    "store.url",
+                    format!(
+                        "store.url (Postgres) and {key} (SQLite) are both set: set one store, url or path"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -760,6 +824,7 @@ impl Config {
             ));
         }
         self.proxy.validate_tls()?;
+        self.store.validate()?;
         if self.tls.leaf_validity_hours == 0 || self.tls.leaf_validity_hours > 24 * 90 {
             return Err(ConfigError::invalid(
                 "tls.leaf_validity_hours",
@@ -1116,5 +1181,54 @@ mod tests {
                 .workers,
             3
         );
+    }
+
+    #[test]
+    fn store_url_selects_postgres_and_never_shows_its_password() {
+        let c =
+            Config::from_toml("[store]\nurl = \"postgres://app:pw-s3cret@db:5432/sg\"\n").unwrap();
+        let url = c.store.url.as_ref().unwrap();
+        assert_eq!(url.expose(), "postgres://app:pw-s3cret@db:5432/sg");
+        // The SQLite keys keep their defaults (the local token file still lives in data/).
+        assert_eq!(c.store.path, PathBuf::from("data/sandgate.db"));
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("pw-s3cret"), "{shown}");
+        assert!(shown.contains("postgres://app:***@db:5432/sg"), "{shown}");
+        assert!(Config::from_toml("").unwrap().store.url.is_none());
+    }
+
+    #[test]
+    fn store_url_and_path_together_are_refused_naming_both() {
+        for (key, line) in [
+            ("store.path", "path = \"data/x.db\""),
+            ("store.synchronous", "synchronous = \"normal\""),
+        ] {
+            let err = Config::from_toml(&format!(
+                "[store]\nurl = \"postgres://app:pw-s3cret@db/sg\"\n{line}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("store.url") && err.contains(key), "{err}");
+            assert!(!err.contains("pw-s3cret"), "{err}");
+        }
+        // Either alone is fine.
+        assert!(Config::from_toml("[store]\npath = \"x.db\"\nsynchronous = \"normal\"\n").is_ok());
+    }
+
+    #[test]
+    fn store_url_of_another_scheme_is_refused() {
+        for url in [
+            "sqlite://data/x.db",
+            "mysql://u:pw-s3cret@h/db",
+            "not a url",
+        ] {
+            let err = Config::from_toml(&format!("[store]\nurl = {url:?}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("store.url"), "{err}");
+            assert!(!err.contains("pw-s3cret"), "{err}");
+        }
+        let err = Config::from_toml("[store]\npaht = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("store.paht"), "{err}");
     }
 }

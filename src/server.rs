@@ -148,7 +148,8 @@ impl Server {
             config.policy.evaluator,
         )?);
         tracing::info!(dir = %config.policy.dir.display(), files = ?policy.status().files, "policy loaded");
-        let store = Store::open_sqlite_with(&config.store.path, config.store.synchronous).await?;
+        let store = Store::open(&config.store).await?;
+        tracing::info!(store = %store.location(), dialect = ?store.dialect(), "store opened");
         let master_key = Arc::new(MasterKey::load(&config.secrets.master_key_file)?);
         let credentials =
             Arc::new(CredentialStore::load(master_key, store.clone(), &config.credentials).await?);
@@ -400,7 +401,8 @@ fn api_auth(config: &Config) -> Result<crate::api::auth::ApiAuth, StartError> {
     Ok(auth)
 }
 
-/// Where the generated local admin token lives: next to the database.
+/// Where the generated local admin token lives: next to the SQLite database. With `[store]
+/// url` (Postgres) `path` keeps its default, so the token is in `data/`, where the CLI looks.
 pub fn local_token_file(config: &Config) -> PathBuf {
     config
         .store

@@ -100,12 +100,16 @@ async fn from_store(
 ) -> Result<Value, CliError> {
     let (topology, _local) = crate::server::routing_topology(config)
         .map_err(|e| CliError::Usage(format!("the configuration's pools are invalid: {e}")))?;
-    let path = &config.store.path;
     let workspace = body.workspace.as_deref().or(workspace);
-    let ctx = if path.exists() {
-        let store = Store::open_sqlite_with(path, config.store.synchronous)
-            .await
-            .map_err(|e| CliError::Usage(e.to_string()))?;
+    // A Postgres store always exists (it is a server); a SQLite file may not have been
+    // created yet, and reading must not create it.
+    let store = match &config.store.url {
+        Some(_) => Some(Store::open(&config.store).await),
+        None if config.store.path.exists() => Some(Store::open(&config.store).await),
+        None => None,
+    };
+    let ctx = if let Some(store) = store {
+        let store = store.map_err(|e| CliError::Usage(e.to_string()))?;
         let inputs = Inputs {
             store: &store,
             topology: &topology,
@@ -117,7 +121,7 @@ async fn from_store(
             .map_err(|e| CliError::Usage(e.to_string()))?;
         eprintln!(
             "explain: measured context of the store at {} ({} samples in the last {} s, {} placements read)",
-            path.display(),
+            store.location(),
             read.samples,
             config.create.stats_window_secs,
             read.sandboxes
@@ -126,7 +130,7 @@ async fn from_store(
     } else {
         eprintln!(
             "explain: no store at {} yet: empty context (no samples, no sandboxes)",
-            path.display()
+            config.store.path.display()
         );
         sandgate_router::RouteContext {
             workspace_order: workspace.and_then(|w| config.create.workspace_order.get(w).cloned()),

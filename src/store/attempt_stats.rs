@@ -3,9 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use sqlx::Row;
-
-use super::{Store, StoreError};
+use super::{Store, StoreError, StoreRow};
 
 /// Failed attempts of one pool, keyed by error class (`capacity`, `rate_limit`, ...).
 pub type FailuresByClass = BTreeMap<String, u64>;
@@ -19,21 +17,18 @@ impl Store {
         &self,
         since_ms: i64,
     ) -> Result<HashMap<String, FailuresByClass>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT pool, error_class, COUNT(*) AS n FROM attempts
-             WHERE error_class IS NOT NULL AND finished_ms IS NOT NULL AND finished_ms >= ?1
-             GROUP BY pool, error_class",
-        )
-        .bind(since_ms)
-        .fetch_all(self.sqlite_pool())
-        .await?;
+        const SQL: &str = "SELECT pool, error_class, COUNT(*) AS n FROM attempts
+             WHERE error_class IS NOT NULL AND finished_ms IS NOT NULL AND finished_ms >= $1
+             GROUP BY pool, error_class";
         let mut out: HashMap<String, FailuresByClass> = HashMap::new();
-        for r in rows {
-            let n: i64 = r.get("n");
-            out.entry(r.get("pool"))
-                .or_default()
-                .insert(r.get("error_class"), n.max(0) as u64);
-        }
+        with_pool!(self, pool => {
+            for r in sqlx::query(SQL).bind(since_ms).fetch_all(pool).await? {
+                let n: i64 = r.col("n")?;
+                out.entry(r.col("pool")?)
+                    .or_default()
+                    .insert(r.col("error_class")?, n.max(0) as u64);
+            }
+        });
         Ok(out)
     }
 }

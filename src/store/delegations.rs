@@ -1,8 +1,6 @@
 //! Delegated capability records (see `api::delegations`).
 
-use sqlx::Row;
-
-use super::{Store, StoreError};
+use super::{Store, StoreError, StoreRow};
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DelegationRow {
@@ -21,40 +19,45 @@ pub struct DelegationRow {
 
 const COLUMNS: &str = "id, token_hash, sandbox_id, workspace, delegator, agent, actions_json, created_ms, expires_ms, revoked_ms";
 
-fn from_row(r: sqlx::sqlite::SqliteRow) -> DelegationRow {
-    let actions: String = r.get("actions_json");
-    DelegationRow {
-        id: r.get("id"),
-        token_hash: r.get("token_hash"),
-        sandbox_id: r.get("sandbox_id"),
-        workspace: r.get("workspace"),
-        delegator: r.get("delegator"),
-        agent: r.get("agent"),
+fn from_row(r: &impl StoreRow) -> Result<DelegationRow, sqlx::Error> {
+    let actions: String = r.col("actions_json")?;
+    Ok(DelegationRow {
+        id: r.col("id")?,
+        token_hash: r.col("token_hash")?,
+        sandbox_id: r.col("sandbox_id")?,
+        workspace: r.col("workspace")?,
+        delegator: r.col("delegator")?,
+        agent: r.col("agent")?,
+        // Written by `insert_delegation` from a list of strings; anything else reads as no
+        // actions (the delegation then allows nothing).
         actions: serde_json::from_str(&actions).unwrap_or_default(),
-        created_ms: r.get("created_ms"),
-        expires_ms: r.get("expires_ms"),
-        revoked_ms: r.get("revoked_ms"),
-    }
+        created_ms: r.col("created_ms")?,
+        expires_ms: r.col("expires_ms")?,
+        revoked_ms: r.col("revoked_ms")?,
+    })
 }
 
 impl Store {
+    /// Records a delegation (not revoked). Its id and token hash are unique: a duplicate is
+    /// an error.
     pub async fn insert_delegation(&self, row: &DelegationRow) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO delegations (id, token_hash, sandbox_id, workspace, delegator, agent,
-               actions_json, created_ms, expires_ms, revoked_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL)",
-        )
-        .bind(&row.id)
-        .bind(&row.token_hash)
-        .bind(&row.sandbox_id)
-        .bind(&row.workspace)
-        .bind(&row.delegator)
-        .bind(&row.agent)
-        .bind(serde_json::to_string(&row.actions).unwrap_or_else(|_| "[]".into()))
-        .bind(row.created_ms)
-        .bind(row.expires_ms)
-        .execute(self.sqlite_pool())
-        .await?;
+        const SQL: &str = "INSERT INTO delegations (id, token_hash, sandbox_id, workspace,
+               delegator, agent, actions_json, created_ms, expires_ms, revoked_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL)";
+        let actions = serde_json::to_string(&row.actions).unwrap_or_else(|_| "[]".into());
+        with_pool!(self, pool => sqlx::query(SQL)
+            .bind(&row.id)
+            .bind(&row.token_hash)
+            .bind(&row.sandbox_id)
+            .bind(&row.workspace)
+            .bind(&row.delegator)
+            .bind(&row.agent)
+            .bind(&actions)
+            .bind(row.created_ms)
+            .bind(row.expires_ms)
+            .execute(pool)
+            .await?
+            .rows_affected());
         Ok(())
     }
 
@@ -62,47 +65,61 @@ impl Store {
         &self,
         hash: &str,
     ) -> Result<Option<DelegationRow>, StoreError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM delegations WHERE token_hash = ?1"
-        )))
-        .bind(hash)
-        .fetch_optional(self.sqlite_pool())
-        .await?;
-        Ok(row.map(from_row))
+        let sql = format!("SELECT {COLUMNS} FROM delegations WHERE token_hash = $1");
+        self.one_delegation(sql, hash).await
     }
 
     pub async fn get_delegation(&self, id: &str) -> Result<Option<DelegationRow>, StoreError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM delegations WHERE id = ?1"
-        )))
-        .bind(id)
-        .fetch_optional(self.sqlite_pool())
-        .await?;
-        Ok(row.map(from_row))
+        let sql = format!("SELECT {COLUMNS} FROM delegations WHERE id = $1");
+        self.one_delegation(sql, id).await
     }
 
+    async fn one_delegation(
+        &self,
+        sql: String,
+        arg: &str,
+    ) -> Result<Option<DelegationRow>, StoreError> {
+        Ok(
+            with_pool!(self, pool => match sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(arg)
+                .fetch_optional(pool)
+                .await?
+            {
+                Some(r) => Some(from_row(&r)?),
+                None => None,
+            }),
+        )
+    }
+
+    /// A sandbox's delegations, oldest first.
     pub async fn list_delegations(
         &self,
         sandbox_id: &str,
     ) -> Result<Vec<DelegationRow>, StoreError> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM delegations WHERE sandbox_id = ?1 ORDER BY created_ms, id"
-        )))
-        .bind(sandbox_id)
-        .fetch_all(self.sqlite_pool())
-        .await?;
-        Ok(rows.into_iter().map(from_row).collect())
+        let sql = format!(
+            "SELECT {COLUMNS} FROM delegations WHERE sandbox_id = $1 ORDER BY created_ms, id"
+        );
+        Ok(
+            with_pool!(self, pool => sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(sandbox_id)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(from_row)
+            .collect::<Result<_, _>>()?),
+        )
     }
 
     /// Marks a delegation revoked; `false` when it did not exist or was already revoked.
     pub async fn revoke_delegation(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE delegations SET revoked_ms = ?2 WHERE id = ?1 AND revoked_ms IS NULL",
-        )
-        .bind(id)
-        .bind(now_ms)
-        .execute(self.sqlite_pool())
-        .await?;
-        Ok(done.rows_affected() > 0)
+        const SQL: &str =
+            "UPDATE delegations SET revoked_ms = $2 WHERE id = $1 AND revoked_ms IS NULL";
+        let affected = with_pool!(self, pool => sqlx::query(SQL)
+            .bind(id)
+            .bind(now_ms)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(affected > 0)
     }
 }

@@ -1,21 +1,53 @@
-//! Durable state. SQLite is the embedded default (one file, WAL); the schema lives in
-//! `migrations/` and is applied at start-up. Callers use `Store`'s methods only, never SQL,
-//! so a Postgres implementation can sit behind the same methods for replicas.
+//! Durable state on one of two backends behind the same methods: SQLite, the embedded
+//! default (one file, WAL), or Postgres (`[store] url`), which replicas share. Each backend
+//! has its own migrations (`migrations/` and `migrations/postgres/`, same numbering and
+//! meaning), applied at open. Callers use `Store`'s methods only, never SQL.
+//!
+//! How the two backends share code: every statement is written once with `$N` placeholders,
+//! which both drivers accept (sqlx's SQLite driver maps `$N` to argument N, as Postgres
+//! does), and [`with_pool!`] expands a method's query, binds and row mapping once per
+//! backend, so each arm is type-checked against its own driver. Where the dialects differ
+//! (JSON functions, the clock), the method picks between two texts kept side by side, so
+//! they are reviewed together.
+
+/// Runs `$body` with `$pool` bound to the pool behind `$store` (a `&SqlitePool` or a
+/// `&PgPool`). The body is expanded once per backend: the same statement text and bind
+/// chain, compiled against each driver.
+macro_rules! with_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match &$store.backend {
+            $crate::store::Backend::Sqlite($pool) => $body,
+            $crate::store::Backend::Postgres($pool) => $body,
+        }
+    };
+}
 
 pub mod attempt_stats;
 pub mod delegations;
 pub mod replicas;
 pub mod sandboxes;
 pub mod snapshots;
+mod url;
 
+use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Row, SqlitePool};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::Row;
+
+pub use url::DatabaseUrl;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The database could not be opened; `path` is the SQLite file or the Postgres URL with
+    /// its password redacted.
     #[error("database {path}: {reason}")]
     Open { path: String, reason: String },
     #[error("database migration failed: {0}")]
@@ -34,9 +66,36 @@ pub enum Durability {
     Normal,
 }
 
-#[derive(Clone, Debug)]
+/// Which SQL dialect a statement must be written in, where the two differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// The pool behind a [`Store`]. Crate-visible only for [`with_pool!`].
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Durable state. Cheap to clone (the pool is shared).
+#[derive(Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    pub(crate) backend: Backend,
+    /// Where the data lives, for messages: the SQLite path or the redacted Postgres URL.
+    location: Arc<str>,
+}
+
+impl fmt::Debug for Store {
+    // Written out (not derived) because sqlx's Postgres options print the password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("dialect", &self.dialect())
+            .field("location", &self.location)
+            .finish()
+    }
 }
 
 pub struct CredentialRow {
@@ -48,8 +107,75 @@ pub struct CredentialRow {
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// A column read from a row of either backend, by name. Decoding errors are returned (a
+/// column of an unexpected type is an error, never a panic).
+pub(crate) trait StoreRow {
+    fn col<T: Column>(&self, name: &str) -> Result<T, sqlx::Error>;
+}
+
+/// The Rust types the store reads from columns, decodable on both backends.
+pub(crate) trait Column: Sized {
+    fn from_sqlite(row: &SqliteRow, name: &str) -> Result<Self, sqlx::Error>;
+    fn from_postgres(row: &PgRow, name: &str) -> Result<Self, sqlx::Error>;
+}
+
+macro_rules! columns {
+    ($($t:ty),*) => {$(
+        impl Column for $t {
+            fn from_sqlite(row: &SqliteRow, name: &str) -> Result<Self, sqlx::Error> {
+                row.try_get(name)
+            }
+            fn from_postgres(row: &PgRow, name: &str) -> Result<Self, sqlx::Error> {
+                row.try_get(name)
+            }
+        }
+    )*};
+}
+columns!(
+    String,
+    Option<String>,
+    i64,
+    Option<i64>,
+    f64,
+    Option<f64>,
+    Vec<u8>,
+    Option<Vec<u8>>
+);
+
+impl StoreRow for SqliteRow {
+    fn col<T: Column>(&self, name: &str) -> Result<T, sqlx::Error> {
+        T::from_sqlite(self, name)
+    }
+}
+
+impl StoreRow for PgRow {
+    fn col<T: Column>(&self, name: &str) -> Result<T, sqlx::Error> {
+        T::from_postgres(self, name)
+    }
+}
+
+fn credential_row(r: &impl StoreRow) -> Result<CredentialRow, sqlx::Error> {
+    Ok(CredentialRow {
+        workspace: r.col("workspace")?,
+        name: r.col("name")?,
+        meta_json: r.col("meta_json")?,
+        sealed: r.col("sealed")?,
+        version: r.col("version")?,
+    })
+}
 
 impl Store {
+    /// Opens the store `[store]` configures: Postgres when `url` is set, else the SQLite
+    /// file at `path`. Either way the schema is migrated to the current version first.
+    pub async fn open(config: &crate::config::StoreConfig) -> Result<Store, StoreError> {
+        match &config.url {
+            Some(url) => Store::open_postgres(url).await,
+            None => Store::open_sqlite_with(&config.path, config.synchronous).await,
+        }
+    }
+
     /// Opens (creating) the database with `synchronous=FULL`.
     pub async fn open_sqlite(path: &Path) -> Result<Store, StoreError> {
         Store::open_sqlite_with(path, Durability::Full).await
@@ -74,7 +200,7 @@ impl Store {
                 Durability::Full => SqliteSynchronous::Full,
                 Durability::Normal => SqliteSynchronous::Normal,
             })
-            .busy_timeout(std::time::Duration::from_secs(5))
+            .busy_timeout(Duration::from_secs(5))
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
@@ -85,33 +211,80 @@ impl Store {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Migrate(e.to_string()))?;
-        Ok(Store { pool })
+        Ok(Store {
+            backend: Backend::Sqlite(pool),
+            location: path.display().to_string().into(),
+        })
     }
 
     /// One round trip to the database (`GET /readyz`).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        with_pool!(self, pool => sqlx::query("SELECT 1").execute(pool).await?.rows_affected());
         Ok(())
     }
 
-    pub fn sqlite_pool(&self) -> &SqlitePool {
-        &self.pool
+    /// Connects to Postgres and applies `migrations/postgres/` (sqlx takes an advisory lock
+    /// for it, so replicas starting together migrate once). Errors show the URL redacted and
+    /// are scrubbed of its password.
+    pub async fn open_postgres(url: &DatabaseUrl) -> Result<Store, StoreError> {
+        let open_err = |reason: String| StoreError::Open {
+            path: url.redacted(),
+            reason: url.scrub(&reason),
+        };
+        let options = PgConnectOptions::from_str(url.expose())
+            .map_err(|e| open_err(e.to_string()))?
+            .application_name("sandgate")
+            // READ COMMITTED whatever the server's or database's default: the store's
+            // transactions rely on it (`insert_sandbox` reads the key's holder in a later
+            // statement, which must see a concurrent claimant's commit; a stricter level
+            // would fail the loser with a serialization error instead of answering).
+            .options([("default_transaction_isolation", "read committed")]);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            // A store that cannot be reached fails a request in bounded time rather than
+            // holding it for the driver's default 30 s.
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(|e| open_err(e.to_string()))?;
+        PG_MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Migrate(url.scrub(&e.to_string())))?;
+        Ok(Store {
+            backend: Backend::Postgres(pool),
+            location: url.redacted().into(),
+        })
+    }
+
+    /// The backend's dialect, for the statements that differ between them.
+    pub fn dialect(&self) -> Dialect {
+        match self.backend {
+            Backend::Sqlite(_) => Dialect::Sqlite,
+            Backend::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// Where the data lives: the SQLite file, or the Postgres URL with its password redacted.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// Closes the pool's connections (waiting for those in use to be returned). The store
+    /// (and its clones) answer errors afterwards.
+    pub async fn close(&self) {
+        with_pool!(self, pool => pool.close().await)
     }
 
     pub async fn list_credentials(&self) -> Result<Vec<CredentialRow>, StoreError> {
-        let rows = sqlx::query("SELECT workspace, name, meta_json, sealed, version FROM credentials ORDER BY workspace, name")
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| CredentialRow {
-                workspace: r.get("workspace"),
-                name: r.get("name"),
-                meta_json: r.get("meta_json"),
-                sealed: r.get("sealed"),
-                version: r.get("version"),
-            })
-            .collect())
+        const SQL: &str = "SELECT workspace, name, meta_json, sealed, version FROM credentials
+             ORDER BY workspace, name";
+        Ok(with_pool!(self, pool => sqlx::query(SQL)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(credential_row)
+            .collect::<Result<_, _>>()?))
     }
 
     /// Inserts a new credential; `Ok(None)` when one of that name exists already (a race
@@ -123,21 +296,25 @@ impl Store {
         meta_json: &str,
         sealed: &[u8],
     ) -> Result<Option<i64>, StoreError> {
-        let row = sqlx::query(
-            "INSERT INTO credentials (workspace, name, meta_json, sealed) VALUES (?1, ?2, ?3, ?4)
+        const SQL: &str = "INSERT INTO credentials (workspace, name, meta_json, sealed)
+             VALUES ($1, $2, $3, $4)
              ON CONFLICT (workspace, name) DO NOTHING
-             RETURNING version",
-        )
-        .bind(workspace)
-        .bind(name)
-        .bind(meta_json)
-        .bind(sealed)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(|r| r.get("version")))
+             RETURNING version";
+        Ok(with_pool!(self, pool => match sqlx::query(SQL)
+            .bind(workspace)
+            .bind(name)
+            .bind(meta_json)
+            .bind(sealed)
+            .fetch_optional(pool)
+            .await?
+        {
+            Some(r) => Some(r.col("version")?),
+            None => None,
+        }))
     }
 
-    /// Inserts or replaces; returns the new version.
+    /// Inserts or replaces; returns the new version. Two concurrent replacements both
+    /// count: the version goes up by two.
     pub async fn upsert_credential(
         &self,
         workspace: &str,
@@ -145,28 +322,42 @@ impl Store {
         meta_json: &str,
         sealed: &[u8],
     ) -> Result<i64, StoreError> {
-        let row = sqlx::query(
-            "INSERT INTO credentials (workspace, name, meta_json, sealed) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT (workspace, name) DO UPDATE SET meta_json = excluded.meta_json,
-               sealed = excluded.sealed, version = credentials.version + 1,
-               updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
-             RETURNING version",
-        )
-        .bind(workspace)
-        .bind(name)
-        .bind(meta_json)
-        .bind(sealed)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(row.get("version"))
+        // The same ISO-8601 UTC text (millisecond precision) as the column default, from
+        // the database's clock.
+        let sql = match self.dialect() {
+            Dialect::Sqlite => {
+                "INSERT INTO credentials (workspace, name, meta_json, sealed) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (workspace, name) DO UPDATE SET meta_json = excluded.meta_json,
+                   sealed = excluded.sealed, version = credentials.version + 1,
+                   updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+                 RETURNING version"
+            }
+            Dialect::Postgres => {
+                "INSERT INTO credentials (workspace, name, meta_json, sealed) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (workspace, name) DO UPDATE SET meta_json = excluded.meta_json,
+                   sealed = excluded.sealed, version = credentials.version + 1,
+                   updated_at = to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
+                 RETURNING version"
+            }
+        };
+        Ok(with_pool!(self, pool => sqlx::query(sql)
+            .bind(workspace)
+            .bind(name)
+            .bind(meta_json)
+            .bind(sealed)
+            .fetch_one(pool)
+            .await?
+            .col("version")?))
     }
 
     pub async fn delete_credential(&self, workspace: &str, name: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM credentials WHERE workspace = ?1 AND name = ?2")
+        const SQL: &str = "DELETE FROM credentials WHERE workspace = $1 AND name = $2";
+        let affected = with_pool!(self, pool => sqlx::query(SQL)
             .bind(workspace)
             .bind(name)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(affected > 0)
     }
 }

@@ -4,9 +4,7 @@
 
 use std::collections::HashMap;
 
-use sqlx::Row;
-
-use super::{Store, StoreError};
+use super::{Dialect, Store, StoreError, StoreRow};
 
 /// States in which a create is still being worked on (owned by a lease).
 pub const IN_FLIGHT_STATES: [&str; 3] = ["pending", "provisioning", "reconciling"];
@@ -114,65 +112,126 @@ pub struct PoolSamples {
 const SANDBOX_COLUMNS: &str = "id, workspace, principal_json, state, request_json, labels_json, candidates_json, placement_json, placement_record_json, error_json, token_sealed, created_ms, updated_ms";
 const ATTEMPT_COLUMNS: &str = "id, sandbox_id, seq, pool, provider, account, state, outcome, error_class, message, instance_id, started_ms, finished_ms";
 
-fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> SandboxRow {
-    SandboxRow {
-        id: r.get("id"),
-        workspace: r.get("workspace"),
-        principal_json: r.get("principal_json"),
-        state: r.get("state"),
-        request_json: r.get("request_json"),
-        labels_json: r.get("labels_json"),
-        candidates_json: r.get("candidates_json"),
-        placement_json: r.get("placement_json"),
-        placement_record_json: r.get("placement_record_json"),
-        error_json: r.get("error_json"),
-        token_sealed: r.get("token_sealed"),
-        created_ms: r.get("created_ms"),
-        updated_ms: r.get("updated_ms"),
-    }
+fn sandbox_row(r: &impl StoreRow) -> Result<SandboxRow, sqlx::Error> {
+    Ok(SandboxRow {
+        id: r.col("id")?,
+        workspace: r.col("workspace")?,
+        principal_json: r.col("principal_json")?,
+        state: r.col("state")?,
+        request_json: r.col("request_json")?,
+        labels_json: r.col("labels_json")?,
+        candidates_json: r.col("candidates_json")?,
+        placement_json: r.col("placement_json")?,
+        placement_record_json: r.col("placement_record_json")?,
+        error_json: r.col("error_json")?,
+        token_sealed: r.col("token_sealed")?,
+        created_ms: r.col("created_ms")?,
+        updated_ms: r.col("updated_ms")?,
+    })
 }
 
-fn attempt_row(r: &sqlx::sqlite::SqliteRow) -> AttemptRow {
-    AttemptRow {
-        id: r.get("id"),
-        sandbox_id: r.get("sandbox_id"),
-        seq: r.get("seq"),
-        pool: r.get("pool"),
-        provider: r.get("provider"),
-        account: r.get("account"),
-        state: r.get("state"),
-        outcome: r.get("outcome"),
-        error_class: r.get("error_class"),
-        message: r.get("message"),
-        instance_id: r.get("instance_id"),
-        started_ms: r.get("started_ms"),
-        finished_ms: r.get("finished_ms"),
+fn attempt_row(r: &impl StoreRow) -> Result<AttemptRow, sqlx::Error> {
+    Ok(AttemptRow {
+        id: r.col("id")?,
+        sandbox_id: r.col("sandbox_id")?,
+        seq: r.col("seq")?,
+        pool: r.col("pool")?,
+        provider: r.col("provider")?,
+        account: r.col("account")?,
+        state: r.col("state")?,
+        outcome: r.col("outcome")?,
+        error_class: r.col("error_class")?,
+        message: r.col("message")?,
+        instance_id: r.col("instance_id")?,
+        started_ms: r.col("started_ms")?,
+        finished_ms: r.col("finished_ms")?,
+    })
+}
+
+fn abandoned_row(r: &impl StoreRow) -> Result<AbandonedRow, sqlx::Error> {
+    Ok(AbandonedRow {
+        attempt_id: r.col("attempt_id")?,
+        sandbox_id: r.col("sandbox_id")?,
+        pool: r.col("pool")?,
+        account: r.col("account")?,
+    })
+}
+
+/// `list_sandboxes`' statement: the conditions `f` sets, each with the next placeholder
+/// number, and their arguments in that order (the limit follows them).
+fn list_query(f: &ListFilter, dialect: Dialect) -> (String, Vec<String>) {
+    let mut sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes s WHERE 1 = 1");
+    let mut args: Vec<String> = Vec::new();
+    let next = |args: &mut Vec<String>, value: &str| {
+        args.push(value.to_string());
+        format!("${}", args.len())
+    };
+    if let Some(workspace) = &f.workspace {
+        let p = next(&mut args, workspace);
+        sql.push_str(&format!(" AND workspace = {p}"));
     }
+    if let Some(state) = &f.state {
+        let p = next(&mut args, state);
+        sql.push_str(&format!(" AND state = {p}"));
+    }
+    if let Some((key, value)) = &f.label {
+        let k = next(&mut args, key);
+        let v = next(&mut args, value);
+        // Labels are a JSON object of strings.
+        sql.push_str(&match dialect {
+            Dialect::Sqlite => format!(
+                " AND EXISTS (SELECT 1 FROM json_each(s.labels_json) j WHERE j.key = {k} AND j.value = {v})"
+            ),
+            Dialect::Postgres => format!(" AND (s.labels_json::jsonb ->> {k}) = {v}"),
+        });
+    }
+    if let Some(after) = &f.after {
+        let p = next(&mut args, after);
+        sql.push_str(&format!(
+            " AND (created_ms, id) > (SELECT created_ms, id FROM sandboxes WHERE id = {p})"
+        ));
+    }
+    // The limit is bound too (as the last argument), so the statement texts, which each
+    // connection prepares and caches, are one per combination of conditions.
+    sql.push_str(&format!(
+        " ORDER BY created_ms, id LIMIT ${}",
+        args.len() + 1
+    ));
+    (sql, args)
 }
 
 impl Store {
-    /// The unexpired holder of an idempotency key.
+    /// The unexpired holder of an idempotency key: `(body_hash, sandbox_id)`.
     pub async fn find_idempotency_key(
         &self,
         workspace: &str,
         key: &str,
         now_ms: i64,
     ) -> Result<Option<(String, String)>, StoreError> {
-        let row = sqlx::query(
-            "SELECT body_hash, sandbox_id FROM idempotency_keys
-             WHERE workspace = ?1 AND key = ?2 AND expires_ms > ?3",
-        )
-        .bind(workspace)
-        .bind(key)
-        .bind(now_ms)
-        .fetch_optional(self.sqlite_pool())
-        .await?;
-        Ok(row.map(|r| (r.get("body_hash"), r.get("sandbox_id"))))
+        const SQL: &str = "SELECT body_hash, sandbox_id FROM idempotency_keys
+             WHERE workspace = $1 AND key = $2 AND expires_ms > $3";
+        Ok(with_pool!(self, pool => match sqlx::query(SQL)
+            .bind(workspace)
+            .bind(key)
+            .bind(now_ms)
+            .fetch_optional(pool)
+            .await?
+        {
+            Some(r) => Some((r.col("body_hash")?, r.col("sandbox_id")?)),
+            None => None,
+        }))
     }
 
     /// Inserts a new sandbox and, atomically with it, claims its idempotency key. When the key
     /// is already held (a concurrent or earlier identical request), nothing is inserted and the
-    /// holder is returned.
+    /// holder is returned. A key whose hold expired (`expires_ms <= now_ms`) is taken over.
+    ///
+    /// Exactly one of any number of concurrent inserts with the same key wins, on either
+    /// backend: SQLite serialises writers (the first statement takes the write lock); on
+    /// Postgres the key's `ON CONFLICT` upsert waits for a concurrent claimant's transaction
+    /// to end and then re-checks its condition against the committed row, and the holder is
+    /// read by a later statement, which (at READ COMMITTED, which every store connection
+    /// uses: see `Store::open_postgres`) sees that commit.
     pub async fn insert_sandbox(
         &self,
         row: &SandboxRow,
@@ -181,108 +240,102 @@ impl Store {
         claim: Option<IdempotencyClaim<'_>>,
         now_ms: i64,
     ) -> Result<InsertOutcome, StoreError> {
-        let mut tx = self.sqlite_pool().begin().await?;
-        // The first statement writes, so the transaction takes the write lock at once (no
-        // read-to-write upgrade that SQLite would refuse under contention).
-        sqlx::query(
-            "INSERT INTO sandboxes (id, workspace, principal_json, state, request_json, labels_json,
-               candidates_json, placement_json, error_json, token_sealed, lease_owner,
-               lease_expires_ms, created_ms, updated_ms, placement_record_json)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14)",
-        )
-        .bind(&row.id)
-        .bind(&row.workspace)
-        .bind(&row.principal_json)
-        .bind(&row.state)
-        .bind(&row.request_json)
-        .bind(&row.labels_json)
-        .bind(&row.candidates_json)
-        .bind(&row.placement_json)
-        .bind(&row.error_json)
-        .bind(&row.token_sealed)
-        .bind(lease_owner)
-        .bind(lease_expires_ms)
-        .bind(row.created_ms)
-        .bind(&row.placement_record_json)
-        .execute(&mut *tx)
-        .await?;
-        if let Some(claim) = claim {
-            sqlx::query(
-                "INSERT INTO idempotency_keys (workspace, key, body_hash, sandbox_id, expires_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (workspace, key) DO UPDATE SET body_hash = excluded.body_hash,
-                   sandbox_id = excluded.sandbox_id, expires_ms = excluded.expires_ms
-                 WHERE idempotency_keys.expires_ms <= ?6",
-            )
-            .bind(&row.workspace)
-            .bind(claim.key)
-            .bind(claim.body_hash)
-            .bind(&row.id)
-            .bind(claim.expires_ms)
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await?;
-            let holder = sqlx::query(
-                "SELECT body_hash, sandbox_id FROM idempotency_keys WHERE workspace = ?1 AND key = ?2",
-            )
-            .bind(&row.workspace)
-            .bind(claim.key)
-            .fetch_one(&mut *tx)
-            .await?;
-            let sandbox_id: String = holder.get("sandbox_id");
-            if sandbox_id != row.id {
-                tx.rollback().await?;
-                return Ok(InsertOutcome::Existing {
-                    sandbox_id,
-                    body_hash: holder.get("body_hash"),
-                });
+        const INSERT: &str = "INSERT INTO sandboxes (id, workspace, principal_json, state,
+               request_json, labels_json, candidates_json, placement_json, error_json,
+               token_sealed, lease_owner, lease_expires_ms, created_ms, updated_ms,
+               placement_record_json)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14)";
+        const CLAIM: &str =
+            "INSERT INTO idempotency_keys (workspace, key, body_hash, sandbox_id, expires_ms)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (workspace, key) DO UPDATE SET body_hash = excluded.body_hash,
+               sandbox_id = excluded.sandbox_id, expires_ms = excluded.expires_ms
+             WHERE idempotency_keys.expires_ms <= $6";
+        const HOLDER: &str =
+            "SELECT body_hash, sandbox_id FROM idempotency_keys WHERE workspace = $1 AND key = $2";
+        with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            // The first statement writes, so a SQLite transaction takes the write lock at
+            // once (no read-to-write upgrade that SQLite would refuse under contention).
+            sqlx::query(INSERT)
+                .bind(&row.id)
+                .bind(&row.workspace)
+                .bind(&row.principal_json)
+                .bind(&row.state)
+                .bind(&row.request_json)
+                .bind(&row.labels_json)
+                .bind(&row.candidates_json)
+                .bind(&row.placement_json)
+                .bind(&row.error_json)
+                .bind(&row.token_sealed)
+                .bind(lease_owner)
+                .bind(lease_expires_ms)
+                .bind(row.created_ms)
+                .bind(&row.placement_record_json)
+                .execute(&mut *tx)
+                .await?;
+            if let Some(claim) = claim {
+                sqlx::query(CLAIM)
+                    .bind(&row.workspace)
+                    .bind(claim.key)
+                    .bind(claim.body_hash)
+                    .bind(&row.id)
+                    .bind(claim.expires_ms)
+                    .bind(now_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                let holder = sqlx::query(HOLDER)
+                    .bind(&row.workspace)
+                    .bind(claim.key)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let sandbox_id: String = holder.col("sandbox_id")?;
+                if sandbox_id != row.id {
+                    let body_hash: String = holder.col("body_hash")?;
+                    tx.rollback().await?;
+                    return Ok(InsertOutcome::Existing {
+                        sandbox_id,
+                        body_hash,
+                    });
+                }
             }
-        }
-        tx.commit().await?;
+            tx.commit().await?;
+        });
         Ok(InsertOutcome::Created)
     }
 
     pub async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"
-        )))
-        .bind(id)
-        .fetch_optional(self.sqlite_pool())
-        .await?;
-        Ok(row.as_ref().map(sandbox_row))
+        let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1");
+        Ok(
+            with_pool!(self, pool => match sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+            {
+                Some(r) => Some(sandbox_row(&r)?),
+                None => None,
+            }),
+        )
     }
 
-    /// Sandboxes ordered by creation, filtered, one page at a time.
+    /// Sandboxes ordered by creation, filtered, one page of at most `limit` at a time.
     pub async fn list_sandboxes(&self, f: &ListFilter) -> Result<Vec<SandboxRow>, StoreError> {
-        let mut sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes s WHERE 1 = 1");
-        if f.workspace.is_some() {
-            sql.push_str(" AND workspace = ?1");
-        }
-        if f.state.is_some() {
-            sql.push_str(" AND state = ?2");
-        }
-        if f.label.is_some() {
-            sql.push_str(
-                " AND EXISTS (SELECT 1 FROM json_each(s.labels_json) j WHERE j.key = ?3 AND j.value = ?4)",
-            );
-        }
-        if f.after.is_some() {
-            sql.push_str(
-                " AND (created_ms, id) > (SELECT created_ms, id FROM sandboxes WHERE id = ?5)",
-            );
-        }
-        sql.push_str(" ORDER BY created_ms, id LIMIT ?6");
-        let (lk, lv) = f.label.clone().unzip();
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(&f.workspace)
-            .bind(&f.state)
-            .bind(lk)
-            .bind(lv)
-            .bind(&f.after)
-            .bind(f.limit as i64)
-            .fetch_all(self.sqlite_pool())
-            .await?;
-        Ok(rows.iter().map(sandbox_row).collect())
+        // Only the conditions set are in the statement (and only their arguments bound):
+        // Postgres refuses arguments a statement does not use.
+        let (sql, args) = list_query(f, self.dialect());
+        Ok(with_pool!(self, pool => {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for arg in args {
+                query = query.bind(arg);
+            }
+            query
+                .bind(i64::from(f.limit))
+                .fetch_all(pool)
+                .await?
+                .iter()
+                .map(sandbox_row)
+                .collect::<Result<_, _>>()?
+        }))
     }
 
     /// Changes the state when it is currently one of `from`; returns whether it did.
@@ -295,76 +348,88 @@ impl Store {
         error_json: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
+        // `from` travels as one JSON array argument, expanded by each dialect's JSON function.
         let from_list = serde_json::to_string(from).unwrap_or_else(|_| "[]".into());
-        let done = sqlx::query(
-            "UPDATE sandboxes SET state = ?2,
-               placement_json = COALESCE(?3, placement_json),
-               error_json = COALESCE(?4, error_json), updated_ms = ?5
-             WHERE id = ?1 AND state IN (SELECT value FROM json_each(?6))",
-        )
-        .bind(id)
-        .bind(to)
-        .bind(placement_json)
-        .bind(error_json)
-        .bind(now_ms)
-        .bind(from_list)
-        .execute(self.sqlite_pool())
-        .await?;
-        Ok(done.rows_affected() > 0)
+        let sql = match self.dialect() {
+            Dialect::Sqlite => {
+                "UPDATE sandboxes SET state = $2,
+                   placement_json = COALESCE($3, placement_json),
+                   error_json = COALESCE($4, error_json), updated_ms = $5
+                 WHERE id = $1 AND state IN (SELECT value FROM json_each($6))"
+            }
+            Dialect::Postgres => {
+                "UPDATE sandboxes SET state = $2,
+                   placement_json = COALESCE($3, placement_json),
+                   error_json = COALESCE($4, error_json), updated_ms = $5
+                 WHERE id = $1 AND state IN (SELECT json_array_elements_text($6::json))"
+            }
+        };
+        let affected = with_pool!(self, pool => sqlx::query(sql)
+            .bind(id)
+            .bind(to)
+            .bind(placement_json)
+            .bind(error_json)
+            .bind(now_ms)
+            .bind(&from_list)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(affected > 0)
     }
 
+    /// Records an attempt as given (its end included, if any).
     pub async fn insert_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO attempts (id, sandbox_id, seq, pool, provider, account, state, outcome,
-               error_class, message, instance_id, started_ms, finished_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-        )
-        .bind(&a.id)
-        .bind(&a.sandbox_id)
-        .bind(a.seq)
-        .bind(&a.pool)
-        .bind(&a.provider)
-        .bind(&a.account)
-        .bind(&a.state)
-        .bind(&a.outcome)
-        .bind(&a.error_class)
-        .bind(&a.message)
-        .bind(&a.instance_id)
-        .bind(a.started_ms)
-        .bind(a.finished_ms)
-        .execute(self.sqlite_pool())
-        .await?;
+        const SQL: &str = "INSERT INTO attempts (id, sandbox_id, seq, pool, provider, account,
+               state, outcome, error_class, message, instance_id, started_ms, finished_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+        with_pool!(self, pool => sqlx::query(SQL)
+            .bind(&a.id)
+            .bind(&a.sandbox_id)
+            .bind(a.seq)
+            .bind(&a.pool)
+            .bind(&a.provider)
+            .bind(&a.account)
+            .bind(&a.state)
+            .bind(&a.outcome)
+            .bind(&a.error_class)
+            .bind(&a.message)
+            .bind(&a.instance_id)
+            .bind(a.started_ms)
+            .bind(a.finished_ms)
+            .execute(pool)
+            .await?
+            .rows_affected());
         Ok(())
     }
 
     /// Records a new attempt and moves the sandbox from `pending` to `provisioning`, in one
     /// transaction.
     pub async fn start_attempt(&self, a: &AttemptRow, now_ms: i64) -> Result<(), StoreError> {
-        let mut tx = self.sqlite_pool().begin().await?;
-        sqlx::query(
-            "INSERT INTO attempts (id, sandbox_id, seq, pool, provider, account, state, outcome,
-               error_class, message, instance_id, started_ms, finished_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, NULL, NULL, NULL, ?8, NULL)",
-        )
-        .bind(&a.id)
-        .bind(&a.sandbox_id)
-        .bind(a.seq)
-        .bind(&a.pool)
-        .bind(&a.provider)
-        .bind(&a.account)
-        .bind(&a.state)
-        .bind(a.started_ms)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE sandboxes SET state = 'provisioning', updated_ms = ?2
-             WHERE id = ?1 AND state = 'pending'",
-        )
-        .bind(&a.sandbox_id)
-        .bind(now_ms)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        const INSERT: &str = "INSERT INTO attempts (id, sandbox_id, seq, pool, provider, account,
+               state, outcome, error_class, message, instance_id, started_ms, finished_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, NULL, NULL, NULL, $8, NULL)";
+        const PROVISIONING: &str = "UPDATE sandboxes SET state = 'provisioning', updated_ms = $2
+             WHERE id = $1 AND state = 'pending'";
+        with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(INSERT)
+                .bind(&a.id)
+                .bind(&a.sandbox_id)
+                .bind(a.seq)
+                .bind(&a.pool)
+                .bind(&a.provider)
+                .bind(&a.account)
+                .bind(&a.state)
+                .bind(a.started_ms)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(PROVISIONING)
+                .bind(&a.sandbox_id)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        });
         Ok(())
     }
 
@@ -376,78 +441,90 @@ impl Store {
             attempt_id,
             sandbox_id,
             instance_id,
-            pool,
+            pool: sample_pool,
             latency_ms,
             placement_json,
             now_ms,
         } = *s;
-        let mut tx = self.sqlite_pool().begin().await?;
-        sqlx::query(
-            "UPDATE attempts SET state = 'succeeded', outcome = 'success', error_class = NULL,
-               message = NULL, instance_id = ?2, finished_ms = ?3 WHERE id = ?1",
-        )
-        .bind(attempt_id)
-        .bind(instance_id)
-        .bind(now_ms)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO pool_samples (pool, at_ms, success, latency_ms) VALUES (?1, ?2, 1, ?3)",
-        )
-        .bind(pool)
-        .bind(now_ms)
-        .bind(latency_ms)
-        .execute(&mut *tx)
-        .await?;
-        let placed = sqlx::query(
-            "UPDATE sandboxes SET state = 'running', placement_json = ?2, updated_ms = ?3
-             WHERE id = ?1 AND state IN ('pending', 'provisioning', 'reconciling')",
-        )
-        .bind(sandbox_id)
-        .bind(placement_json)
-        .bind(now_ms)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            > 0;
-        tx.commit().await?;
+        const SUCCEED: &str = "UPDATE attempts SET state = 'succeeded', outcome = 'success',
+               error_class = NULL, message = NULL, instance_id = $2, finished_ms = $3
+             WHERE id = $1";
+        const SAMPLE: &str =
+            "INSERT INTO pool_samples (pool, at_ms, success, latency_ms) VALUES ($1, $2, 1, $3)";
+        const PLACE: &str = "UPDATE sandboxes SET state = 'running', placement_json = $2,
+               updated_ms = $3
+             WHERE id = $1 AND state IN ('pending', 'provisioning', 'reconciling')";
+        let placed = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(SUCCEED)
+                .bind(attempt_id)
+                .bind(instance_id)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(SAMPLE)
+                .bind(sample_pool)
+                .bind(now_ms)
+                .bind(latency_ms)
+                .execute(&mut *tx)
+                .await?;
+            let placed = sqlx::query(PLACE)
+                .bind(sandbox_id)
+                .bind(placement_json)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                > 0;
+            tx.commit().await?;
+            placed
+        });
         Ok(placed)
     }
 
     pub async fn set_attempt_state(&self, id: &str, state: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE attempts SET state = ?2 WHERE id = ?1")
+        const SQL: &str = "UPDATE attempts SET state = $2 WHERE id = $1";
+        with_pool!(self, pool => sqlx::query(SQL)
             .bind(id)
             .bind(state)
-            .execute(self.sqlite_pool())
-            .await?;
+            .execute(pool)
+            .await?
+            .rows_affected());
         Ok(())
     }
 
+    /// Ends an attempt; an instance id already recorded is kept when `end` has none.
     pub async fn finish_attempt(&self, id: &str, end: &AttemptEnd<'_>) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE attempts SET state = ?2, outcome = ?3, error_class = ?4, message = ?5,
-               instance_id = COALESCE(?6, instance_id), finished_ms = ?7 WHERE id = ?1",
-        )
-        .bind(id)
-        .bind(end.state)
-        .bind(end.outcome)
-        .bind(end.error_class)
-        .bind(end.message)
-        .bind(end.instance_id)
-        .bind(end.finished_ms)
-        .execute(self.sqlite_pool())
-        .await?;
+        const SQL: &str = "UPDATE attempts SET state = $2, outcome = $3, error_class = $4,
+               message = $5, instance_id = COALESCE($6, instance_id), finished_ms = $7
+             WHERE id = $1";
+        with_pool!(self, pool => sqlx::query(SQL)
+            .bind(id)
+            .bind(end.state)
+            .bind(end.outcome)
+            .bind(end.error_class)
+            .bind(end.message)
+            .bind(end.instance_id)
+            .bind(end.finished_ms)
+            .execute(pool)
+            .await?
+            .rows_affected());
         Ok(())
     }
 
+    /// A sandbox's attempts in order.
     pub async fn list_attempts(&self, sandbox_id: &str) -> Result<Vec<AttemptRow>, StoreError> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE sandbox_id = ?1 ORDER BY seq"
-        )))
-        .bind(sandbox_id)
-        .fetch_all(self.sqlite_pool())
-        .await?;
-        Ok(rows.iter().map(attempt_row).collect())
+        let sql =
+            format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE sandbox_id = $1 ORDER BY seq");
+        Ok(
+            with_pool!(self, pool => sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(sandbox_id)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(attempt_row)
+            .collect::<Result<_, _>>()?),
+        )
     }
 
     /// One creation attempt's result on a pool, for the router's ranking.
@@ -458,15 +535,17 @@ impl Store {
         success: bool,
         latency_ms: Option<f64>,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO pool_samples (pool, at_ms, success, latency_ms) VALUES (?1, ?2, ?3, ?4)",
-        )
-        .bind(pool)
-        .bind(at_ms)
-        .bind(success as i64)
-        .bind(latency_ms)
-        .execute(self.sqlite_pool())
-        .await?;
+        const SQL: &str =
+            "INSERT INTO pool_samples (pool, at_ms, success, latency_ms) VALUES ($1, $2, $3, $4)";
+        let sample_pool = pool;
+        with_pool!(self, pool => sqlx::query(SQL)
+            .bind(sample_pool)
+            .bind(at_ms)
+            .bind(success as i64)
+            .bind(latency_ms)
+            .execute(pool)
+            .await?
+            .rows_affected());
         Ok(())
     }
 
@@ -478,43 +557,44 @@ impl Store {
         since_ms: i64,
         max_latencies: usize,
     ) -> Result<HashMap<String, PoolSamples>, StoreError> {
-        let counts = sqlx::query(
-            "SELECT pool, COUNT(*) AS attempts, SUM(success) AS successes FROM pool_samples
-             WHERE at_ms >= ?1 GROUP BY pool",
-        )
-        .bind(since_ms)
-        .fetch_all(self.sqlite_pool())
-        .await?;
-        let mut out: HashMap<String, PoolSamples> = HashMap::new();
-        for r in counts {
-            let attempts: i64 = r.get("attempts");
-            let successes: i64 = r.get("successes");
-            out.insert(
-                r.get("pool"),
-                PoolSamples {
-                    latencies_ms: Vec::new(),
-                    attempts: attempts as u64,
-                    successes: successes as u64,
-                },
-            );
-        }
-        let latencies = sqlx::query(
-            "SELECT pool, latency_ms FROM (
+        // Postgres sums a BIGINT into a NUMERIC; the cast keeps both backends' answer an
+        // integer.
+        const COUNTS: &str = "SELECT pool, COUNT(*) AS attempts,
+               CAST(SUM(success) AS BIGINT) AS successes
+             FROM pool_samples WHERE at_ms >= $1 GROUP BY pool";
+        // Postgres (before 16) wants the subquery named.
+        const LATENCIES: &str = "SELECT pool, latency_ms FROM (
                SELECT pool, latency_ms,
                  ROW_NUMBER() OVER (PARTITION BY pool ORDER BY at_ms DESC, id DESC) AS rn
                FROM pool_samples
-               WHERE at_ms >= ?1 AND success = 1 AND latency_ms IS NOT NULL)
-             WHERE rn <= ?2",
-        )
-        .bind(since_ms)
-        .bind(max_latencies as i64)
-        .fetch_all(self.sqlite_pool())
-        .await?;
-        for r in latencies {
-            let pool: String = r.get("pool");
-            let latency: f64 = r.get("latency_ms");
-            out.entry(pool).or_default().latencies_ms.push(latency);
-        }
+               WHERE at_ms >= $1 AND success = 1 AND latency_ms IS NOT NULL) AS newest
+             WHERE rn <= $2";
+        let max_latencies = i64::try_from(max_latencies).unwrap_or(i64::MAX);
+        let mut out: HashMap<String, PoolSamples> = HashMap::new();
+        with_pool!(self, pool => {
+            for r in sqlx::query(COUNTS).bind(since_ms).fetch_all(pool).await? {
+                let attempts: i64 = r.col("attempts")?;
+                let successes: i64 = r.col("successes")?;
+                out.insert(
+                    r.col("pool")?,
+                    PoolSamples {
+                        latencies_ms: Vec::new(),
+                        attempts: attempts.max(0) as u64,
+                        successes: successes.max(0) as u64,
+                    },
+                );
+            }
+            for r in sqlx::query(LATENCIES)
+                .bind(since_ms)
+                .bind(max_latencies)
+                .fetch_all(pool)
+                .await?
+            {
+                let name: String = r.col("pool")?;
+                let latency: f64 = r.col("latency_ms")?;
+                out.entry(name).or_default().latencies_ms.push(latency);
+            }
+        });
         Ok(out)
     }
 
@@ -524,70 +604,74 @@ impl Store {
         &self,
         since_ms: i64,
     ) -> Result<Vec<(String, i64, bool, Option<f64>)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT pool, at_ms, success, latency_ms FROM pool_samples WHERE at_ms >= ?1
-             ORDER BY at_ms, id",
-        )
-        .bind(since_ms)
-        .fetch_all(self.sqlite_pool())
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                let success: i64 = r.get("success");
-                (
-                    r.get("pool"),
-                    r.get("at_ms"),
+        const SQL: &str = "SELECT pool, at_ms, success, latency_ms FROM pool_samples
+             WHERE at_ms >= $1 ORDER BY at_ms, id";
+        let mut out = Vec::new();
+        with_pool!(self, pool => {
+            for r in sqlx::query(SQL).bind(since_ms).fetch_all(pool).await? {
+                let success: i64 = r.col("success")?;
+                out.push((
+                    r.col("pool")?,
+                    r.col("at_ms")?,
                     success != 0,
-                    r.get("latency_ms"),
-                )
-            })
-            .collect())
+                    r.col("latency_ms")?,
+                ));
+            }
+        });
+        Ok(out)
     }
 
     pub async fn delete_samples_before(&self, before_ms: i64) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM pool_samples WHERE at_ms < ?1")
-            .bind(before_ms)
-            .execute(self.sqlite_pool())
-            .await?;
+        const SQL: &str = "DELETE FROM pool_samples WHERE at_ms < $1";
+        with_pool!(self, pool => sqlx::query(SQL).bind(before_ms).execute(pool).await?.rows_affected());
         Ok(())
     }
 
     /// Placed or placing sandboxes, for affinity and spread: (labels_json, placement_json).
     pub async fn live_placements(&self) -> Result<Vec<(String, String)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT labels_json, placement_json FROM sandboxes
-             WHERE state IN ('running', 'paused', 'stopped') AND placement_json IS NOT NULL",
-        )
-        .fetch_all(self.sqlite_pool())
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| (r.get("labels_json"), r.get("placement_json")))
-            .collect())
+        const SQL: &str = "SELECT labels_json, placement_json FROM sandboxes
+             WHERE state IN ('running', 'paused', 'stopped') AND placement_json IS NOT NULL";
+        let mut out = Vec::new();
+        with_pool!(self, pool => {
+            for r in sqlx::query(SQL).fetch_all(pool).await? {
+                out.push((r.col("labels_json")?, r.col("placement_json")?));
+            }
+        });
+        Ok(out)
     }
 
     /// Live sandboxes (placed and not yet deleted) per pool: what occupies each pool's
     /// capacity now.
     pub async fn live_counts_by_pool(&self) -> Result<HashMap<String, u64>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT json_extract(placement_json, '$.pool') AS pool, COUNT(*) AS n FROM sandboxes
-             WHERE state IN ('running', 'paused', 'stopped') AND placement_json IS NOT NULL
-             GROUP BY pool",
-        )
-        .fetch_all(self.sqlite_pool())
-        .await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|r| {
-                let pool: Option<String> = r.get("pool");
-                let n: i64 = r.get("n");
-                pool.map(|p| (p, n.max(0) as u64))
-            })
-            .collect())
+        let sql = match self.dialect() {
+            Dialect::Sqlite => {
+                "SELECT json_extract(placement_json, '$.pool') AS pool, COUNT(*) AS n
+                 FROM sandboxes
+                 WHERE state IN ('running', 'paused', 'stopped') AND placement_json IS NOT NULL
+                 GROUP BY 1"
+            }
+            Dialect::Postgres => {
+                "SELECT placement_json::jsonb ->> 'pool' AS pool, COUNT(*) AS n
+                 FROM sandboxes
+                 WHERE state IN ('running', 'paused', 'stopped') AND placement_json IS NOT NULL
+                 GROUP BY 1"
+            }
+        };
+        let mut out = HashMap::new();
+        with_pool!(self, pool => {
+            for r in sqlx::query(sql).fetch_all(pool).await? {
+                let name: Option<String> = r.col("pool")?;
+                let n: i64 = r.col("n")?;
+                if let Some(name) = name {
+                    out.insert(name, n.max(0) as u64);
+                }
+            }
+        });
+        Ok(out)
     }
 
     /// Tracks an attempt whose instance may exist or appear later, against its own account.
+    /// Recording the same attempt again only extends its watch (never shortens it).
     pub async fn record_abandoned(
         &self,
         a: &AbandonedRow,
@@ -595,118 +679,161 @@ impl Store {
         now_ms: i64,
         watch_until_ms: i64,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO abandoned_instances (attempt_id, sandbox_id, pool, account, reason,
-               recorded_ms, watch_until_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT (attempt_id) DO UPDATE SET watch_until_ms = MAX(watch_until_ms, excluded.watch_until_ms)",
-        )
-        .bind(&a.attempt_id)
-        .bind(&a.sandbox_id)
-        .bind(&a.pool)
-        .bind(&a.account)
-        .bind(reason)
-        .bind(now_ms)
-        .bind(watch_until_ms)
-        .execute(self.sqlite_pool())
-        .await?;
+        // A CASE rather than two-argument MAX (SQLite) or GREATEST (Postgres): one text.
+        const SQL: &str = "INSERT INTO abandoned_instances (attempt_id, sandbox_id, pool, account,
+               reason, recorded_ms, watch_until_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (attempt_id) DO UPDATE SET watch_until_ms =
+               CASE WHEN excluded.watch_until_ms > abandoned_instances.watch_until_ms
+                 THEN excluded.watch_until_ms ELSE abandoned_instances.watch_until_ms END";
+        with_pool!(self, pool => sqlx::query(SQL)
+            .bind(&a.attempt_id)
+            .bind(&a.sandbox_id)
+            .bind(&a.pool)
+            .bind(&a.account)
+            .bind(reason)
+            .bind(now_ms)
+            .bind(watch_until_ms)
+            .execute(pool)
+            .await?
+            .rows_affected());
         Ok(())
     }
 
-    /// Abandoned attempts still watched at `now_ms`.
+    /// Abandoned attempts still watched at `now_ms`, oldest first.
     pub async fn watched_abandoned(&self, now_ms: i64) -> Result<Vec<AbandonedRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT attempt_id, sandbox_id, pool, account FROM abandoned_instances
-             WHERE watch_until_ms > ?1 ORDER BY recorded_ms",
-        )
-        .bind(now_ms)
-        .fetch_all(self.sqlite_pool())
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| AbandonedRow {
-                attempt_id: r.get("attempt_id"),
-                sandbox_id: r.get("sandbox_id"),
-                pool: r.get("pool"),
-                account: r.get("account"),
-            })
-            .collect())
+        const SQL: &str = "SELECT attempt_id, sandbox_id, pool, account FROM abandoned_instances
+             WHERE watch_until_ms > $1 ORDER BY recorded_ms, attempt_id";
+        Ok(with_pool!(self, pool => sqlx::query(SQL)
+            .bind(now_ms)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(abandoned_row)
+            .collect::<Result<_, _>>()?))
     }
 
+    /// Counts `n` more instances of an abandoned attempt deleted by the janitor.
     pub async fn count_abandoned_deleted(
         &self,
         attempt_id: &str,
         n: u64,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE abandoned_instances SET deleted_instances = deleted_instances + ?2 WHERE attempt_id = ?1",
-        )
-        .bind(attempt_id)
-        .bind(n as i64)
-        .execute(self.sqlite_pool())
-        .await?;
+        const SQL: &str = "UPDATE abandoned_instances
+             SET deleted_instances = deleted_instances + $2 WHERE attempt_id = $1";
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        with_pool!(self, pool => sqlx::query(SQL)
+            .bind(attempt_id)
+            .bind(n)
+            .execute(pool)
+            .await?
+            .rows_affected());
         Ok(())
     }
 
+    /// How many instances of an abandoned attempt the janitor deleted (`None`: not tracked).
+    pub async fn abandoned_deleted_count(
+        &self,
+        attempt_id: &str,
+    ) -> Result<Option<u64>, StoreError> {
+        const SQL: &str = "SELECT deleted_instances FROM abandoned_instances WHERE attempt_id = $1";
+        Ok(with_pool!(self, pool => match sqlx::query(SQL)
+            .bind(attempt_id)
+            .fetch_optional(pool)
+            .await?
+        {
+            Some(r) => Some(r.col::<i64>("deleted_instances")?.max(0) as u64),
+            None => None,
+        }))
+    }
+
     /// Takes over in-flight creates whose lease expired (their coordinator died); returns their
-    /// ids. The conditional update makes the claim exclusive among replicas.
+    /// ids. The conditional update makes the claim exclusive among replicas: on Postgres a
+    /// concurrent claimant waits for the row and re-checks the expiry against the new lease.
     pub async fn claim_expired_creates(
         &self,
         owner: &str,
         now_ms: i64,
         lease_expires_ms: i64,
     ) -> Result<Vec<String>, StoreError> {
-        let rows = sqlx::query(
-            "UPDATE sandboxes SET lease_owner = ?1, lease_expires_ms = ?3
-             WHERE state IN ('pending', 'provisioning', 'reconciling') AND lease_expires_ms <= ?2
-             RETURNING id",
-        )
-        .bind(owner)
-        .bind(now_ms)
-        .bind(lease_expires_ms)
-        .fetch_all(self.sqlite_pool())
-        .await?;
-        Ok(rows.into_iter().map(|r| r.get("id")).collect())
+        const SQL: &str = "UPDATE sandboxes SET lease_owner = $1, lease_expires_ms = $3
+             WHERE state IN ('pending', 'provisioning', 'reconciling') AND lease_expires_ms <= $2
+             RETURNING id";
+        let mut out = Vec::new();
+        with_pool!(self, pool => {
+            for r in sqlx::query(SQL)
+                .bind(owner)
+                .bind(now_ms)
+                .bind(lease_expires_ms)
+                .fetch_all(pool)
+                .await?
+            {
+                out.push(r.col("id")?);
+            }
+        });
+        Ok(out)
     }
 
     /// Extends every lease this coordinator holds on in-flight creates.
     pub async fn renew_leases(&self, owner: &str, lease_expires_ms: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE sandboxes SET lease_expires_ms = ?2
-             WHERE lease_owner = ?1 AND state IN ('pending', 'provisioning', 'reconciling')",
-        )
-        .bind(owner)
-        .bind(lease_expires_ms)
-        .execute(self.sqlite_pool())
-        .await?;
+        const SQL: &str = "UPDATE sandboxes SET lease_expires_ms = $2
+             WHERE lease_owner = $1 AND state IN ('pending', 'provisioning', 'reconciling')";
+        with_pool!(self, pool => sqlx::query(SQL)
+            .bind(owner)
+            .bind(lease_expires_ms)
+            .execute(pool)
+            .await?
+            .rows_affected());
         Ok(())
     }
 
     /// Gives up this coordinator's lease on a create so that it is resumed (by the janitor
     /// of any coordinator) from `retry_at_ms` on.
     pub async fn release_lease(&self, id: &str, retry_at_ms: i64) -> Result<(), StoreError> {
-        sqlx::query("UPDATE sandboxes SET lease_owner = NULL, lease_expires_ms = ?2 WHERE id = ?1")
+        const SQL: &str =
+            "UPDATE sandboxes SET lease_owner = NULL, lease_expires_ms = $2 WHERE id = $1";
+        with_pool!(self, pool => sqlx::query(SQL)
             .bind(id)
             .bind(retry_at_ms)
-            .execute(self.sqlite_pool())
-            .await?;
+            .execute(pool)
+            .await?
+            .rows_affected());
         Ok(())
+    }
+
+    /// The lease on a sandbox: `(owner, expires_ms)`; `None` when there is no such sandbox.
+    pub async fn lease(&self, id: &str) -> Result<Option<(Option<String>, i64)>, StoreError> {
+        const SQL: &str = "SELECT lease_owner, lease_expires_ms FROM sandboxes WHERE id = $1";
+        Ok(
+            with_pool!(self, pool => match sqlx::query(SQL).bind(id).fetch_optional(pool).await? {
+                Some(r) => Some((r.col("lease_owner")?, r.col("lease_expires_ms")?)),
+                None => None,
+            }),
+        )
     }
 
     /// Running sandboxes, whose egress identities must be registered again after a restart.
     pub async fn running_sandboxes(&self) -> Result<Vec<SandboxRow>, StoreError> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE state IN ('running', 'paused', 'stopped')"
-        )))
-        .fetch_all(self.sqlite_pool())
-        .await?;
-        Ok(rows.iter().map(sandbox_row).collect())
+        let sql = format!(
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes
+             WHERE state IN ('running', 'paused', 'stopped') ORDER BY created_ms, id"
+        );
+        Ok(
+            with_pool!(self, pool => sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(sandbox_row)
+            .collect::<Result<_, _>>()?),
+        )
     }
 
+    /// Deletes the idempotency keys whose hold expired; returns how many.
     pub async fn purge_idempotency_keys(&self, now_ms: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query("DELETE FROM idempotency_keys WHERE expires_ms <= ?1")
+        const SQL: &str = "DELETE FROM idempotency_keys WHERE expires_ms <= $1";
+        Ok(with_pool!(self, pool => sqlx::query(SQL)
             .bind(now_ms)
-            .execute(self.sqlite_pool())
-            .await?;
-        Ok(done.rows_affected())
+            .execute(pool)
+            .await?
+            .rows_affected()))
     }
 }

@@ -377,6 +377,12 @@ pub struct GatewayOptions {
     pub extra_toml: String,
     /// Keys added to the `[proxy]` table, right after its `listen`.
     pub proxy_toml: String,
+    /// `[store] url`: run on this Postgres database instead of a SQLite file in the test's
+    /// directory (see [`postgres::TestDatabase`]).
+    pub store_url: Option<String>,
+    /// The master key file to use instead of a new one in the test's directory: a gateway
+    /// started again on a shared store must unseal what the first one sealed.
+    pub master_key_file: Option<PathBuf>,
 }
 
 impl Default for GatewayOptions {
@@ -398,6 +404,8 @@ impl Default for GatewayOptions {
             extra_policies: Vec::new(),
             extra_toml: String::new(),
             proxy_toml: String::new(),
+            store_url: None,
+            master_key_file: None,
         }
     }
 }
@@ -457,10 +465,20 @@ impl Gateway {
             "[log]\ndecisions = {:?}\n",
             decision_log.display().to_string()
         ));
+        match &options.store_url {
+            Some(url) => toml.push_str(&format!("[store]\nurl = {url:?}\n")),
+            None => toml.push_str(&format!(
+                "[store]\npath = {:?}\n",
+                dir.path().join("data/sandgate.db").display().to_string()
+            )),
+        }
+        let master_key_file = options
+            .master_key_file
+            .clone()
+            .unwrap_or_else(|| dir.path().join("data/master.key"));
         toml.push_str(&format!(
-            "[store]\npath = {:?}\n[secrets]\nmaster_key_file = {:?}\n",
-            dir.path().join("data/sandgate.db").display().to_string(),
-            dir.path().join("data/master.key").display().to_string()
+            "[secrets]\nmaster_key_file = {:?}\n",
+            master_key_file.display().to_string()
         ));
         if !options.extra_toml.contains("[local]") {
             // Local sandboxes (the default pool) live in the test's directory too.
@@ -749,4 +767,5 @@ snapshot_dir = {snaps:?}
 }
 
 pub mod fakes;
+pub mod postgres;
 pub mod sdk;

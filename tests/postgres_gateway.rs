@@ -1,0 +1,329 @@
+//! A real in-process gateway on `[store] url` (Postgres): sandboxes created on simulated
+//! pools through the HTTP API, an idempotent replay, a delete, and a restart on the same
+//! database that finds the sandbox again (its egress identity included). Runs on the server
+//! `SANDGATE_TEST_POSTGRES_URL` names, in a database of its own; outside CI without it, it
+//! prints `SKIPPED`; under CI it fails.
+
+mod common;
+
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use serde_json::{json, Value};
+
+use common::postgres::{self, TestDatabase};
+use common::*;
+
+const TOKEN_A: &str = "api-token-ws-a-0123456789";
+
+fn config(state_dir: &Path) -> String {
+    format!(
+        r#"
+[[api.tokens]]
+token = "{TOKEN_A}"
+principal = "alice"
+workspace = "ws-a"
+
+[create]
+short_wait_ms = 3000
+janitor_interval_ms = 100
+
+[[providers]]
+name = "sim"
+kind = "simulated"
+capabilities = {{ isolation = ["microvm"], egress = "gateway" }}
+
+[[accounts]]
+name = "acct-a"
+provider = "sim"
+[[accounts]]
+name = "acct-b"
+provider = "sim"
+
+[[pools]]
+name = "pool-a"
+provider = "sim"
+account = "acct-a"
+[[pools]]
+name = "pool-b"
+provider = "sim"
+account = "acct-b"
+
+# The inventories outlive the gateway, as a remote provider's would, so the restarted
+# gateway finds the instances again.
+[simulated.pool-a]
+state_file = {a:?}
+[simulated.pool-b]
+state_file = {b:?}
+"#,
+        a = state_dir.join("pool-a.json").display().to_string(),
+        b = state_dir.join("pool-b.json").display().to_string(),
+    )
+}
+
+struct Api {
+    gw: Gateway,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn start(url: &str, shared: &Path) -> Api {
+        let gw = Gateway::start(GatewayOptions {
+            extra_toml: config(shared),
+            store_url: Some(url.to_string()),
+            master_key_file: Some(shared.join("master.key")),
+            ..GatewayOptions::default()
+        })
+        .await;
+        Api {
+            gw,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn create(&self, body: &Value, key: Option<&str>) -> (u16, Value) {
+        let mut req = self
+            .http
+            .post(self.gw.api("/v1/sandboxes"))
+            .bearer_auth(TOKEN_A)
+            .json(body);
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let resp = req.send().await.unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str) -> (u16, Value) {
+        let resp = self
+            .http
+            .request(method, self.gw.api(path))
+            .bearer_auth(TOKEN_A)
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_on_postgres_creates_replays_deletes_and_survives_a_restart() {
+    const TEST: &str = "gateway_on_postgres_creates_replays_deletes_and_survives_a_restart";
+    init();
+    let Some(server) = postgres::server_or_skip(TEST) else {
+        return;
+    };
+    let db = TestDatabase::create(&server, "gateway_restart").await;
+    let url = db.url.expose().to_string();
+    let outcome = AssertUnwindSafe(run(url)).catch_unwind().await;
+    db.drop().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn run(url: String) {
+    let shared = tempfile::tempdir().unwrap();
+    let api = Api::start(&url, shared.path()).await;
+
+    // The store the gateway opened is Postgres, and says so without its password.
+    let store = api.gw.server.sandboxes.store();
+    assert_eq!(store.dialect(), sandgate::store::Dialect::Postgres);
+    if let Some(password) = url::Url::parse(&url).unwrap().password() {
+        assert!(!format!("{store:?}").contains(&format!(":{password}@")));
+    }
+
+    let body = json!({"labels": {"app": "pg"}});
+    let (status, first) = api.create(&body, Some("pg-key-1")).await;
+    assert_eq!(status, 201, "{first}");
+    assert_eq!(first["state"], "running", "{first}");
+    let id = first["id"].as_str().unwrap().to_string();
+    let token = first["egress"]["token"].as_str().unwrap().to_string();
+    let pool = first["placement"]["pool"].as_str().unwrap().to_string();
+
+    // The same key and body: the same sandbox, without the token.
+    let (status, replay) = api.create(&body, Some("pg-key-1")).await;
+    assert_eq!(status, 201, "{replay}");
+    assert_eq!(replay["id"], id.as_str());
+    assert_eq!(replay["egress"]["token_already_shown"], true, "{replay}");
+    // The same key with another body: a conflict naming the holder.
+    let (status, conflict) = api
+        .create(&json!({"labels": {"app": "other"}}), Some("pg-key-1"))
+        .await;
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(conflict["error"]["code"], "idempotency_conflict");
+    assert_eq!(conflict["error"]["details"]["sandbox_id"], id.as_str());
+
+    // A second sandbox, deleted.
+    let (status, second) = api.create(&json!({"labels": {"app": "gone"}}), None).await;
+    assert_eq!(status, 201, "{second}");
+    let gone = second["id"].as_str().unwrap().to_string();
+    let (status, deleted) = api
+        .call(reqwest::Method::DELETE, &format!("/v1/sandboxes/{gone}"))
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["state"], "deleted", "{deleted}");
+
+    // Listing by label goes through the Postgres JSON filter.
+    let (status, list) = api
+        .call(reqwest::Method::GET, "/v1/sandboxes?label=app=pg")
+        .await;
+    assert_eq!(status, 200, "{list}");
+    let listed: Vec<&str> = list["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(listed, [id.as_str()], "{list}");
+
+    // Restart on the same database (and master key): the sandbox is there, still running,
+    // its egress identity registered again from the sealed token.
+    api.gw.server.shutdown();
+    let api = Api::start(&url, shared.path()).await;
+    let (status, again) = api
+        .call(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
+        .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["state"], "running", "{again}");
+    assert_eq!(again["placement"]["pool"], pool.as_str(), "{again}");
+    let (_, gone_again) = api
+        .call(reqwest::Method::GET, &format!("/v1/sandboxes/{gone}"))
+        .await;
+    assert_eq!(gone_again["state"], "deleted", "{gone_again}");
+    let (status, replay) = api.create(&body, Some("pg-key-1")).await;
+    assert_eq!(status, 201, "{replay}");
+    assert_eq!(replay["id"], id.as_str(), "the key survived the restart");
+    let (status, _) = connect_tunnel(
+        api.gw.server.proxy_addr(),
+        "api.b.test:443",
+        Some((&id, &token)),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(
+        status, 403,
+        "authenticated after the restart, then refused by policy"
+    );
+    api.gw.server.shutdown();
+
+    // `sandgate route explain` reads the measured context from the configured store: the
+    // Postgres one, named without its password.
+    let cli_config = shared.path().join("explain.toml");
+    std::fs::write(
+        &cli_config,
+        format!("{}\n[store]\nurl = {url:?}\n", config(shared.path())),
+    )
+    .unwrap();
+    let request = shared.path().join("request.json");
+    std::fs::write(&request, json!({"labels": {"app": "pg"}}).to_string()).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .args(["route", "explain", "--config"])
+        .arg(&cli_config)
+        .arg("--request")
+        .arg(&request)
+        .current_dir(shared.path())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("measured context of the store at postgres://"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("(0 samples"),
+        "the creates' samples were read: {stderr}"
+    );
+    if let Some(password) = url::Url::parse(&url).unwrap().password() {
+        assert!(!stderr.contains(&format!(":{password}@")), "{stderr}");
+    }
+    let explanation: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(explanation.is_object(), "{explanation}");
+}
+
+/// `/readyz` follows the store: with the database refusing connections (and the gateway's
+/// own connections cut) it answers 503 `not_ready` naming the store, without its address;
+/// `/livez` stays 200 (a slow database must not restart replicas); once the database takes
+/// connections again the replica is ready again without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_postgres_store() {
+    const TEST: &str = "readiness_follows_the_postgres_store";
+    init();
+    let Some(server) = postgres::server_or_skip(TEST) else {
+        return;
+    };
+    let db = TestDatabase::create(&server, "readiness").await;
+    let outcome = AssertUnwindSafe(readiness(&server, &db))
+        .catch_unwind()
+        .await;
+    // Connections allowed again whatever happened, or the drop below cannot run.
+    set_connections(&server, db.name(), true).await;
+    db.drop().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn set_connections(server: &sandgate::store::DatabaseUrl, name: &str, allow: bool) {
+    use sqlx::Connection;
+    let mut admin = sqlx::PgConnection::connect(server.expose()).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS {allow}"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    if !allow {
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+            .bind(name)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    admin.close().await.unwrap();
+}
+
+async fn readiness(server: &sandgate::store::DatabaseUrl, db: &TestDatabase) {
+    let shared = tempfile::tempdir().unwrap();
+    let api = Api::start(db.url.expose(), shared.path()).await;
+    let probe = |path: &'static str| {
+        let http = api.http.clone();
+        let url = api.gw.api(path);
+        async move {
+            let resp = http.get(url).send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.text().await.unwrap())
+        }
+    };
+    let (status, body) = probe("/readyz").await;
+    assert_eq!(status, 200, "{body}");
+
+    set_connections(server, db.name(), false).await;
+    let (status, body) = probe("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    let reply: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(reply["error"]["code"], "not_ready", "{body}");
+    assert_eq!(reply["error"]["details"]["store"], "unreachable", "{body}");
+    assert!(reply["error"]["details"]["policy_generation"].as_u64() > Some(0));
+    assert!(
+        !body.contains("127.0.0.1") && !body.contains(db.name()),
+        "{body}"
+    );
+    if let Some(password) = url::Url::parse(db.url.expose()).unwrap().password() {
+        assert!(!body.contains(password), "{body}");
+    }
+    assert_eq!(probe("/livez").await.0, 200, "liveness ignores the store");
+
+    set_connections(server, db.name(), true).await;
+    let (status, body) = probe("/readyz").await;
+    assert_eq!(status, 200, "ready again without a restart: {body}");
+    api.gw.server.shutdown();
+}
