@@ -235,6 +235,13 @@ pub struct StoreConfig {
     /// `postgres://user:password@host:port/database`: use Postgres instead of SQLite. Its
     /// password never appears in logs, errors or `Debug` output (see `DatabaseUrl`).
     pub url: Option<crate::store::DatabaseUrl>,
+    /// How often a replica reads the change feed for other replicas' writes (new sandboxes'
+    /// identities, deletes, credential changes; see `crate::propagation`). On Postgres a
+    /// NOTIFY wakes it at once and this is the fallback; on SQLite it is the delay.
+    pub poll_changes_ms: u64,
+    /// How often a replica compares everything it holds in memory with the store, repairing
+    /// what a missed change left behind. 0 turns it off.
+    pub reconcile_secs: u64,
     /// Which SQLite keys the file set (rather than left to their defaults), to refuse them
     /// next to `url`.
     sqlite_keys_set: Vec<&'static str>,
@@ -247,6 +254,8 @@ struct StoreToml {
     path: Option<PathBuf>,
     synchronous: Option<crate::store::Durability>,
     url: Option<crate::store::DatabaseUrl>,
+    poll_changes_ms: Option<u64>,
+    reconcile_secs: Option<u64>,
 }
 
 impl From<StoreToml> for StoreConfig {
@@ -263,6 +272,8 @@ impl From<StoreToml> for StoreConfig {
             path: t.path.unwrap_or(defaults.path),
             synchronous: t.synchronous.unwrap_or(defaults.synchronous),
             url: t.url,
+            poll_changes_ms: t.poll_changes_ms.unwrap_or(defaults.poll_changes_ms),
+            reconcile_secs: t.reconcile_secs.unwrap_or(defaults.reconcile_secs),
             sqlite_keys_set,
         }
     }
@@ -274,6 +285,8 @@ impl Default for StoreConfig {
             path: PathBuf::from("data/sandgate.db"),
             synchronous: crate::store::Durability::Full,
             url: None,
+            poll_changes_ms: 250,
+            reconcile_secs: 30,
             sqlite_keys_set: Vec::new(),
         }
     }
@@ -298,6 +311,13 @@ impl StoreConfig {
                     ),
                 ));
             }
+        }
+        // Zero would be a busy loop against the database.
+        if !(10..=60_000).contains(&self.poll_changes_ms) {
+            return Err(ConfigError::invalid(
+                "store.poll_changes_ms",
+                "must be between 10 and 60000",
+            ));
         }
         Ok(())
     }

@@ -154,14 +154,28 @@ impl Identity {
 #[derive(Debug, Default)]
 pub struct IdentityRegistry {
     by_id: RwLock<HashMap<String, Arc<Identity>>>,
+    /// The ids configured in `[[egress.identities]]`: not sandboxes, so never revoked by
+    /// the reconcile of sandbox identities.
+    configured: std::collections::HashSet<String>,
+    /// Revocations so far, and the number of the latest revocation of each recently revoked
+    /// id: a registration made from a store read older than the revocation must not bring
+    /// the identity back (see [`IdentityRegistry::register_unless_revoked_since`]).
+    revocations: std::sync::atomic::AtomicU64,
+    tombstones: std::sync::Mutex<HashMap<String, (u64, std::time::Instant)>>,
 }
+
+/// How long a revocation is remembered: far longer than any store read takes.
+const TOMBSTONE_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl IdentityRegistry {
     pub fn from_config(
         identities: &[IdentityConfig],
         credentials: &crate::credentials::CredentialStore,
     ) -> Result<IdentityRegistry, IdentityError> {
-        let registry = IdentityRegistry::default();
+        let registry = IdentityRegistry {
+            configured: identities.iter().map(|c| c.id.clone()).collect(),
+            ..IdentityRegistry::default()
+        };
         for (index, c) in identities.iter().enumerate() {
             let token = match (&c.token, &c.token_env) {
                 (Some(t), _) => t.clone(),
@@ -201,6 +215,7 @@ impl IdentityRegistry {
     /// and request already running under it ends (they all wait on its cancellation).
     pub fn revoke(&self, id: &str) -> bool {
         let mut map = self.by_id.write().unwrap_or_else(|e| e.into_inner());
+        self.tombstone(id);
         match map.remove(id) {
             Some(old) => {
                 old.revoked.cancel();
@@ -210,12 +225,57 @@ impl IdentityRegistry {
         }
     }
 
+    /// The current revocation mark: take it before reading the store for a registration.
+    pub fn mark(&self) -> u64 {
+        self.revocations.load(Ordering::Acquire)
+    }
+
+    /// Registers `identity` unless its id was revoked after `mark` was taken (the store
+    /// read it comes from may predate a delete), or is served already. Returns whether it
+    /// registered.
+    pub fn register_unless_revoked_since(&self, identity: Identity, mark: u64) -> bool {
+        let mut map = self.by_id.write().unwrap_or_else(|e| e.into_inner());
+        let revoked_since = self
+            .tombstones
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&identity.id)
+            .is_some_and(|(at, _)| *at > mark);
+        if revoked_since || map.get(&identity.id).is_some_and(|i| !i.is_revoked()) {
+            return false;
+        }
+        map.insert(identity.id.clone(), Arc::new(identity));
+        true
+    }
+
+    /// Remembers a revocation (called with the identity map locked, so a registration
+    /// checks tombstones and inserts atomically with respect to it).
+    fn tombstone(&self, id: &str) {
+        let n = self.revocations.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut tombstones = self.tombstones.lock().unwrap_or_else(|e| e.into_inner());
+        if tombstones.len() >= 4096 {
+            tombstones.retain(|_, (_, at)| at.elapsed() < TOMBSTONE_FOR);
+        }
+        tombstones.insert(id.to_string(), (n, std::time::Instant::now()));
+    }
+
     pub fn get(&self, id: &str) -> Option<Arc<Identity>> {
         self.by_id
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(id)
             .cloned()
+    }
+
+    /// The registered identities that are sandboxes' (not configured ones).
+    pub fn sandbox_ids(&self) -> Vec<String> {
+        self.by_id
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .filter(|id| !self.configured.contains(*id))
+            .cloned()
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -322,6 +382,26 @@ mod tests {
         assert!(second.is_revoked());
         assert!(second.revocation().is_cancelled());
         assert!(!r.revoke("sb1"));
+    }
+
+    #[test]
+    fn a_registration_from_a_read_older_than_a_revocation_is_refused() {
+        let r = IdentityRegistry::default();
+        let id = |t: &str| Identity::new("sb1", t, "ws", vec![], BTreeMap::new());
+        // A follower reads the store (sandbox running), then a delete revokes: the stale
+        // read must not bring the token back.
+        let mark = r.mark();
+        r.revoke("sb1");
+        assert!(!r.register_unless_revoked_since(id("t1"), mark));
+        assert!(r.get("sb1").is_none());
+        // A read taken after the revocation registers; a second one keeps the first.
+        let mark = r.mark();
+        assert!(r.register_unless_revoked_since(id("t1"), mark));
+        let served = r.get("sb1").unwrap();
+        assert!(!r.register_unless_revoked_since(id("t2"), mark));
+        assert!(!served.is_revoked(), "an identity served is not replaced");
+        // Configured identities are not sandboxes.
+        assert_eq!(r.sandbox_ids(), ["sb1"]);
     }
 
     proptest::proptest! {

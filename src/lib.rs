@@ -20,6 +20,7 @@ pub mod identity;
 pub mod localbox;
 pub mod net;
 pub mod policy;
+pub mod propagation;
 pub mod providers;
 pub mod replicas;
 pub mod server;

@@ -148,7 +148,12 @@ impl Server {
             config.policy.evaluator,
         )?);
         tracing::info!(dir = %config.policy.dir.display(), files = ?policy.status().files, "policy loaded");
-        let store = Store::open(&config.store).await?;
+        // The replica's id is known before anything writes, so every change it records
+        // names it (the other replicas follow them; it skips its own).
+        let replica = Arc::new(crate::replicas::Replica::new(config.role));
+        let store = Store::open(&config.store).await?.with_origin(&replica.id);
+        // Where this replica starts following the others, taken before it loads anything.
+        let cursor = crate::propagation::Cursor::at_end(&store).await?;
         tracing::info!(store = %store.location(), dialect = ?store.dialect(), "store opened");
         let master_key = Arc::new(MasterKey::load(&config.secrets.master_key_file)?);
         let credentials =
@@ -299,7 +304,15 @@ impl Server {
         if config.role.serves_api() {
             tasks.extend(sandboxes.spawn_background());
         }
-        let replica = Arc::new(crate::replicas::Replica::new(config.role));
+        let follower = crate::propagation::Follower {
+            store: store.clone(),
+            sandboxes: sandboxes.clone(),
+            credentials: credentials.clone(),
+            poll: Duration::from_millis(config.store.poll_changes_ms),
+            reconcile: (config.store.reconcile_secs > 0)
+                .then(|| Duration::from_secs(config.store.reconcile_secs)),
+        };
+        tasks.push(follower.spawn(cursor));
         replica.beat(&store, &policy).await?;
         tasks.push(replica.spawn_heartbeat(store.clone(), policy.clone()));
         let state = crate::api::ApiState {

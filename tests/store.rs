@@ -1061,6 +1061,82 @@ async fn delegations_insert_find_list_and_revoke_once() {
 }
 
 #[tokio::test]
+async fn writes_other_replicas_must_see_are_in_the_change_feed() {
+    each_backend(
+        "writes_other_replicas_must_see_are_in_the_change_feed",
+        |fx| async move {
+            let a = fx.store.clone().with_origin("replica-a");
+            let b = fx.another().await.with_origin("replica-b");
+            assert_eq!(a.last_change_seq().await.unwrap(), 0);
+            // Postgres wakes listeners at commit; SQLite has no listener.
+            let mut listener = b.listen_changes().await.unwrap();
+            assert_eq!(listener.is_some(), fx.store.dialect() == Dialect::Postgres);
+
+            insert(&a, &sandbox("sb-1", "ws", "pending", json!({}), 10)).await;
+            // In-flight moves record nothing; a sandbox going live or away does.
+            assert!(a
+                .transition_sandbox("sb-1", &["pending"], "provisioning", None, None, 11)
+                .await
+                .unwrap());
+            assert_eq!(a.last_change_seq().await.unwrap(), 0);
+            assert!(a
+                .transition_sandbox("sb-1", &["provisioning"], "running", None, None, 12)
+                .await
+                .unwrap());
+            b.upsert_credential("ws", "gh", "{}", b"sealed")
+                .await
+                .unwrap();
+            assert!(b.delete_credential("ws", "gh").await.unwrap());
+            assert!(!b.delete_credential("ws", "gh").await.unwrap());
+
+            let rows = b.changes_between(0, i64::MAX, 100).await.unwrap();
+            let seen: Vec<(&str, &str, &str)> = rows
+                .iter()
+                .map(|r| (r.kind.as_str(), r.key.as_str(), r.origin.as_str()))
+                .collect();
+            let key = sandgate::store::changes::credential_key("ws", "gh");
+            assert_eq!(
+                seen,
+                [
+                    ("sandbox", "sb-1", "replica-a"),
+                    ("credential", key.as_str(), "replica-b"),
+                    ("credential", key.as_str(), "replica-b"),
+                ]
+            );
+            assert!(rows.windows(2).all(|w| w[0].seq < w[1].seq));
+            assert_eq!(
+                sandgate::store::changes::parse_credential_key(&key),
+                Some(("ws".into(), "gh".into()))
+            );
+            let last = rows.last().unwrap().seq;
+            assert_eq!(a.last_change_seq().await.unwrap(), last);
+            assert_eq!(
+                a.changes_between(rows[0].seq, last - 1, 100).await.unwrap(),
+                vec![rows[1].clone()]
+            );
+            if let Some(listener) = listener.as_mut() {
+                tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+                    .await
+                    .expect("a NOTIFY arrives")
+                    .unwrap();
+            }
+            // Pruning by age keeps the numbering: the next row continues after the last.
+            assert_eq!(a.prune_changes(i64::MAX).await.unwrap(), 3);
+            assert!(a
+                .changes_between(0, i64::MAX, 100)
+                .await
+                .unwrap()
+                .is_empty());
+            a.upsert_credential("ws", "gh", "{}", b"sealed")
+                .await
+                .unwrap();
+            assert!(a.last_change_seq().await.unwrap() > last);
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn replicas_heartbeat_expire_and_leave() {
     each_backend("replicas_heartbeat_expire_and_leave", |fx| async move {
         let s = &fx.store;

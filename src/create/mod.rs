@@ -23,6 +23,7 @@ pub mod body;
 pub mod context;
 mod dry_run;
 pub mod events;
+mod follow;
 pub mod pools;
 pub mod record;
 mod remote;
@@ -32,7 +33,7 @@ pub use remote::{Endpoint, RemoteGateway};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -501,7 +502,8 @@ impl Coordinator {
             .with_details(json!({"sandbox_id": sandbox_id})));
         }
         // Give the original request's short wait a chance to finish, then answer as it did.
-        let deadline = now_ms() + self.deps.config.short_wait_ms as i64;
+        // Local waits run on the monotonic clock: a wall-clock step must not cut or stretch them.
+        let deadline = Instant::now() + Duration::from_millis(self.deps.config.short_wait_ms);
         loop {
             let row = self
                 .deps
@@ -512,7 +514,7 @@ impl Coordinator {
             let in_flight = row
                 .as_ref()
                 .is_some_and(|r| IN_FLIGHT_STATES.contains(&r.state.as_str()));
-            if !in_flight || now_ms() >= deadline {
+            if !in_flight || Instant::now() >= deadline {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -1107,7 +1109,9 @@ impl Coordinator {
             finished_ms: None,
         };
         self.deps.store.start_attempt(&attempt, now_ms()).await?;
-        let deadline = attempt.started_ms + self.deps.config.provisioning_window_ms as i64;
+        // The attempt starts now, here: its window is timed on the monotonic clock.
+        let deadline =
+            Instant::now() + Duration::from_millis(self.deps.config.provisioning_window_ms);
         let backoff = self.deps.config.retry_backoff_ms as i64;
         // A provider snapshot seeds the instance; a filesystem export is written after.
         let seed = self
@@ -1133,7 +1137,11 @@ impl Coordinator {
                 egress,
             };
             match adapter.create(spec).await {
-                Err(e) if e.class.retryable() && now_ms() + wait_ms(&e, backoff) < deadline => {
+                Err(e)
+                    if e.class.retryable()
+                        && Instant::now() + Duration::from_millis(wait_ms(&e, backoff) as u64)
+                            < deadline =>
+                {
                     tracing::info!(sandbox = %job.row.id, pool = %cand.pool, class = e.class.as_str(), "retrying on the same pool");
                     tokio::time::sleep(Duration::from_millis(wait_ms(&e, backoff) as u64)).await;
                 }
@@ -1239,7 +1247,7 @@ impl Coordinator {
             return Ok(Step::Advance);
         };
         let window = self.deps.config.reconcile_window_ms as i64;
-        let mut deadline = now_ms() + window;
+        let mut deadline = Instant::now() + Duration::from_millis(window as u64);
         let interval = Duration::from_millis((window / 20).clamp(10, 250) as u64);
         loop {
             match adapter.list_by_tag(&job.row.id, Some(&attempt.id)).await {
@@ -1268,16 +1276,19 @@ impl Coordinator {
                     }
                     if found.iter().any(|i| i.state == InstanceState::Starting) {
                         // It exists and is starting: wait for it within the provisioning window.
-                        deadline = deadline.max(
-                            attempt.started_ms + self.deps.config.provisioning_window_ms as i64,
-                        );
+                        // The attempt may have started on another replica: its window
+                        // is what remains of it by the stored start, timed here from now.
+                        let ends_ms =
+                            attempt.started_ms + self.deps.config.provisioning_window_ms as i64;
+                        let left = Duration::from_millis((ends_ms - now_ms()).max(0) as u64);
+                        deadline = deadline.max(Instant::now() + left);
                     }
                 }
                 Err(e) => {
                     tracing::warn!(sandbox = %job.row.id, pool = %cand.pool, error = %e, "reconciliation query failed; retrying");
                 }
             }
-            if now_ms() >= deadline {
+            if Instant::now() >= deadline {
                 self.abandon(
                     job,
                     cand,
@@ -1618,8 +1629,16 @@ impl Coordinator {
     /// Registers the sandbox's egress identity with the proxy, exactly as static identities
     /// are: its allow-list and its bound credentials.
     async fn register_identity(&self, row: &SandboxRow) {
+        if let Some(identity) = self.sandbox_identity(row) {
+            self.deps.identities.register(identity);
+        }
+    }
+
+    /// The egress identity of a stored sandbox: its unsealed token, allow-list, labels and
+    /// bound credentials. `None` when the row cannot give one (logged).
+    fn sandbox_identity(&self, row: &SandboxRow) -> Option<Identity> {
         let Ok(body) = serde_json::from_str::<CreateBody>(&row.request_json) else {
-            return;
+            return None;
         };
         let token = match self
             .deps
@@ -1630,7 +1649,7 @@ impl Coordinator {
             Ok(t) => t,
             Err(_) => {
                 tracing::error!(sandbox = %row.id, "sandbox token cannot be unsealed; identity not registered");
-                return;
+                return None;
             }
         };
         let make = || {
@@ -1642,17 +1661,16 @@ impl Coordinator {
                 body.request.labels.clone(),
             )
         };
-        let identity = match make().bind(None, &body.credentials, &self.deps.credentials, |i| {
+        match make().bind(None, &body.credentials, &self.deps.credentials, |i| {
             format!("credentials[{i}]")
         }) {
-            Ok(identity) => identity,
+            Ok(identity) => Some(identity),
             Err(e) => {
                 // A credential was removed since the create was accepted: run without it.
                 tracing::warn!(sandbox = %row.id, error = %e, "registering without credential bindings");
-                make()
+                Some(make())
             }
-        };
-        self.deps.identities.register(identity);
+        }
     }
 
     async fn sample(&self, pool: &str, success: bool, latency_ms: Option<f64>) {

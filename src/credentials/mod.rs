@@ -331,13 +331,7 @@ impl CredentialStore {
             writes: tokio::sync::Mutex::new(()),
         };
         for row in credentials.store.list_credentials().await? {
-            let meta: CredentialMeta =
-                serde_json::from_str(&row.meta_json).map_err(|e| CredentialError::Invalid {
-                    field: format!("stored credential {}/{}", row.workspace, row.name),
-                    message: e.to_string(),
-                })?;
-            let secret = credentials.key.open(&row.sealed, &meta.seal_context())?;
-            credentials.insert_cached(meta, secret, row.version);
+            credentials.sync_row(&row)?;
         }
         for declared in declared {
             let secret = declared.read_secret()?;
@@ -350,7 +344,90 @@ impl CredentialStore {
         &self.key
     }
 
+    /// Brings one cached credential in line with the store, after another replica wrote
+    /// it (see `crate::propagation`): replaced (the old one retired, so streams using it end)
+    /// when the stored row differs, dropped when the row is gone. Returns whether the cache
+    /// changed. Serialised with this replica's own writes, so it reads the newest row.
+    pub async fn refresh(&self, workspace: &str, name: &str) -> Result<bool, CredentialError> {
+        let _write = self.writes.lock().await;
+        match self.store.get_credential(workspace, name).await? {
+            Some(row) => self.sync_row(&row),
+            None => Ok(self.forget(workspace, name)),
+        }
+    }
+
+    /// The whole cache against the store (the followers' safety net for changes they did
+    /// not hear of). Returns how many entries it had to repair.
+    pub async fn reconcile(&self) -> Result<usize, CredentialError> {
+        let _write = self.writes.lock().await;
+        let rows = self.store.list_credentials().await?;
+        let mut repaired = 0;
+        for row in &rows {
+            repaired += usize::from(self.sync_row(row)?);
+        }
+        let stored: std::collections::HashSet<(&str, &str)> = rows
+            .iter()
+            .map(|r| (r.workspace.as_str(), r.name.as_str()))
+            .collect();
+        let cached: Vec<(String, String)> = self
+            .by_name
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .filter(|(w, n)| !stored.contains(&(w.as_str(), n.as_str())))
+            .cloned()
+            .collect();
+        for (workspace, name) in cached {
+            repaired += usize::from(self.forget(&workspace, &name));
+        }
+        Ok(repaired)
+    }
+
+    /// Caches a stored row unless the cache holds exactly it already; returns whether it
+    /// changed the cache. A row whose version went down (deleted and created again) still
+    /// replaces: the store is the truth.
+    fn sync_row(&self, row: &crate::store::CredentialRow) -> Result<bool, CredentialError> {
+        let meta: CredentialMeta =
+            serde_json::from_str(&row.meta_json).map_err(|e| CredentialError::Invalid {
+                field: format!("stored credential {}/{}", row.workspace, row.name),
+                message: e.to_string(),
+            })?;
+        let secret = self.key.open(&row.sealed, &meta.seal_context())?;
+        if let Some(current) = self.get(&meta.workspace, &meta.name) {
+            if current.version == row.version
+                && current.meta == meta
+                && current.secret.expose() == secret.expose()
+            {
+                return Ok(false);
+            }
+        }
+        self.cache(meta, secret, row.version, true);
+        Ok(true)
+    }
+
+    /// Drops a cached credential (retiring it); whether there was one.
+    fn forget(&self, workspace: &str, name: &str) -> bool {
+        let removed = self
+            .by_name
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(workspace.to_string(), name.to_string()));
+        match removed {
+            Some(old) => {
+                old.retire();
+                true
+            }
+            None => false,
+        }
+    }
+
     fn insert_cached(&self, meta: CredentialMeta, secret: Secret, version: i64) {
+        self.cache(meta, secret, version, false)
+    }
+
+    /// `force`: replace whatever version is cached (the row was read from the store under
+    /// the write lock); otherwise an entry never goes backwards.
+    fn cache(&self, meta: CredentialMeta, secret: Secret, version: i64, force: bool) {
         let key = (meta.workspace.clone(), meta.name.clone());
         let policy_value = regorus::Value::from(serde_json::json!({
             "name": meta.name, "workspace": meta.workspace, "user": meta.user,
@@ -370,9 +447,10 @@ impl CredentialStore {
             retired: AtomicBool::new(false),
         });
         let mut map = self.by_name.write().unwrap_or_else(|e| e.into_inner());
-        if map
-            .get(&key)
-            .is_some_and(|current| current.version > version)
+        if !force
+            && map
+                .get(&key)
+                .is_some_and(|current| current.version > version)
         {
             // A newer version is cached already: an entry never goes backwards.
             return;
@@ -462,14 +540,7 @@ impl CredentialStore {
     pub async fn delete(&self, workspace: &str, name: &str) -> Result<(), CredentialError> {
         let _write = self.writes.lock().await;
         let removed = self.store.delete_credential(workspace, name).await?;
-        let cached = self
-            .by_name
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(workspace.to_string(), name.to_string()));
-        if let Some(old) = cached {
-            old.retire();
-        }
+        self.forget(workspace, name);
         if !removed {
             return Err(CredentialError::NotFound {
                 workspace: workspace.into(),

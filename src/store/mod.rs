@@ -23,6 +23,7 @@ macro_rules! with_pool {
 }
 
 pub mod attempt_stats;
+pub mod changes;
 pub mod delegations;
 pub mod replicas;
 pub mod sandboxes;
@@ -86,6 +87,9 @@ pub struct Store {
     pub(crate) backend: Backend,
     /// Where the data lives, for messages: the SQLite path or the redacted Postgres URL.
     location: Arc<str>,
+    /// The replica writing through this store, recorded with every change it makes (see
+    /// [`changes`]) so that it skips its own. Empty until [`Store::with_origin`].
+    origin: Arc<str>,
 }
 
 impl fmt::Debug for Store {
@@ -214,7 +218,14 @@ impl Store {
         Ok(Store {
             backend: Backend::Sqlite(pool),
             location: path.display().to_string().into(),
+            origin: "".into(),
         })
+    }
+
+    /// The same store, writing as replica `origin` (see [`changes`]).
+    pub fn with_origin(mut self, origin: &str) -> Store {
+        self.origin = origin.into();
+        self
     }
 
     /// One round trip to the database (`GET /readyz`).
@@ -254,6 +265,7 @@ impl Store {
         Ok(Store {
             backend: Backend::Postgres(pool),
             location: url.redacted().into(),
+            origin: "".into(),
         })
     }
 
@@ -300,7 +312,7 @@ impl Store {
              VALUES ($1, $2, $3, $4)
              ON CONFLICT (workspace, name) DO NOTHING
              RETURNING version";
-        Ok(with_pool!(self, pool => match sqlx::query(SQL)
+        let version = with_pool!(self, pool => match sqlx::query(SQL)
             .bind(workspace)
             .bind(name)
             .bind(meta_json)
@@ -308,9 +320,17 @@ impl Store {
             .fetch_optional(pool)
             .await?
         {
-            Some(r) => Some(r.col("version")?),
+            Some(r) => Some(r.col::<i64>("version")?),
             None => None,
-        }))
+        });
+        if version.is_some() {
+            self.record_change(
+                changes::CREDENTIAL,
+                &changes::credential_key(workspace, name),
+            )
+            .await?;
+        }
+        Ok(version)
     }
 
     /// Inserts or replaces; returns the new version. Two concurrent replacements both
@@ -340,14 +360,20 @@ impl Store {
                  RETURNING version"
             }
         };
-        Ok(with_pool!(self, pool => sqlx::query(sql)
+        let version: i64 = with_pool!(self, pool => sqlx::query(sql)
             .bind(workspace)
             .bind(name)
             .bind(meta_json)
             .bind(sealed)
             .fetch_one(pool)
             .await?
-            .col("version")?))
+            .col("version")?);
+        self.record_change(
+            changes::CREDENTIAL,
+            &changes::credential_key(workspace, name),
+        )
+        .await?;
+        Ok(version)
     }
 
     pub async fn delete_credential(&self, workspace: &str, name: &str) -> Result<bool, StoreError> {
@@ -358,6 +384,32 @@ impl Store {
             .execute(pool)
             .await?
             .rows_affected());
+        if affected > 0 {
+            self.record_change(
+                changes::CREDENTIAL,
+                &changes::credential_key(workspace, name),
+            )
+            .await?;
+        }
         Ok(affected > 0)
+    }
+
+    /// One credential's row, if it exists.
+    pub async fn get_credential(
+        &self,
+        workspace: &str,
+        name: &str,
+    ) -> Result<Option<CredentialRow>, StoreError> {
+        const SQL: &str = "SELECT workspace, name, meta_json, sealed, version FROM credentials
+             WHERE workspace = $1 AND name = $2";
+        Ok(with_pool!(self, pool => match sqlx::query(SQL)
+            .bind(workspace)
+            .bind(name)
+            .fetch_optional(pool)
+            .await?
+        {
+            Some(r) => Some(credential_row(&r)?),
+            None => None,
+        }))
     }
 }

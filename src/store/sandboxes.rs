@@ -374,6 +374,11 @@ impl Store {
             .execute(pool)
             .await?
             .rows_affected());
+        // Between in-flight states no identity appears or goes: nothing for the followers.
+        let in_flight = |state: &str| matches!(state, "pending" | "provisioning" | "reconciling");
+        if affected > 0 && !(in_flight(to) && from.iter().all(|f| in_flight(f))) {
+            self.record_change(super::changes::SANDBOX, id).await?;
+        }
         Ok(affected > 0)
     }
 
@@ -479,6 +484,10 @@ impl Store {
             tx.commit().await?;
             placed
         });
+        if placed {
+            self.record_change(super::changes::SANDBOX, sandbox_id)
+                .await?;
+        }
         Ok(placed)
     }
 
