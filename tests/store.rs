@@ -18,10 +18,11 @@ use futures_util::FutureExt;
 use sandgate::store::delegations::DelegationRow;
 use sandgate::store::replicas::ReplicaRow;
 use sandgate::store::sandboxes::{
-    AbandonedRow, AttemptEnd, AttemptRow, IdempotencyClaim, InsertOutcome, ListFilter, SandboxRow,
-    Success,
+    AbandonedRow, AttemptEnd, AttemptRow, Fence, IdempotencyClaim, InsertOutcome, ListFilter,
+    SandboxRow, Success,
 };
 use sandgate::store::snapshots::{SnapshotRow, FILESYSTEM_EXPORT, PROVIDER_SNAPSHOT};
+use sandgate::store::StoreError;
 use sandgate::store::{DatabaseUrl, Dialect, Store};
 use serde_json::json;
 
@@ -172,6 +173,14 @@ fn claim<'a>(key: &'a str, hash: &'a str, expires_ms: i64) -> Option<Idempotency
 }
 
 /// The fields of a row, to compare rows (the row types do not implement `PartialEq`).
+/// The lease [`insert`] gives a sandbox: owner-1, epoch 0 (no takeover yet).
+fn fence() -> Fence {
+    Fence {
+        owner: "owner-1".into(),
+        epoch: 0,
+    }
+}
+
 fn same<T: std::fmt::Debug>(a: &T, b: &T) -> bool {
     format!("{a:?}") == format!("{b:?}")
 }
@@ -581,10 +590,12 @@ async fn attempts_start_end_and_succeed_and_place() {
 
             // First attempt: starts (pending -> provisioning), reconciles, ends advancing.
             let a1 = attempt("sb-1", 1, "pool-a");
-            s.start_attempt(&a1, 11).await.unwrap();
+            s.start_attempt(&a1, 11, &fence()).await.unwrap();
             let row = s.get_sandbox("sb-1").await.unwrap().unwrap();
             assert_eq!((row.state.as_str(), row.updated_ms), ("provisioning", 11));
-            s.set_attempt_state(&a1.id, "reconciling").await.unwrap();
+            s.set_attempt_state(&a1.id, "reconciling", &fence())
+                .await
+                .unwrap();
             assert_eq!(
                 s.list_attempts("sb-1").await.unwrap()[0].state,
                 "reconciling"
@@ -599,6 +610,7 @@ async fn attempts_start_end_and_succeed_and_place() {
                     instance_id: Some("i-late"),
                     finished_ms: 12,
                 },
+                &fence(),
             )
             .await
             .unwrap();
@@ -613,20 +625,21 @@ async fn attempts_start_end_and_succeed_and_place() {
                     instance_id: None,
                     finished_ms: 13,
                 },
+                &fence(),
             )
             .await
             .unwrap();
 
             // Second attempt: starting it leaves a provisioning sandbox provisioning.
             let a2 = attempt("sb-1", 2, "pool-b");
-            s.start_attempt(&a2, 14).await.unwrap();
+            s.start_attempt(&a2, 14, &fence()).await.unwrap();
             assert_eq!(s.get_sandbox("sb-1").await.unwrap().unwrap().updated_ms, 11);
             // (sandbox, seq) is unique, whatever the attempt's id.
             let same_seq = AttemptRow {
                 id: "sb-1-other".into(),
                 ..attempt("sb-1", 2, "pool-c")
             };
-            assert!(s.start_attempt(&same_seq, 15).await.is_err());
+            assert!(s.start_attempt(&same_seq, 15, &fence()).await.is_err());
             assert_eq!(s.list_attempts("sb-1").await.unwrap().len(), 2);
 
             let p = placement("pool-b", "i-2");
@@ -639,6 +652,7 @@ async fn attempts_start_end_and_succeed_and_place() {
                     latency_ms: 123.5,
                     placement_json: &p,
                     now_ms: 20,
+                    fence: &fence(),
                 })
                 .await
                 .unwrap());
@@ -672,7 +686,7 @@ async fn attempts_start_end_and_succeed_and_place() {
             // A sandbox deleted meanwhile is not placed (the attempt still ends).
             insert(s, &sandbox("sb-2", "ws", "pending", json!({}), 30)).await;
             let a = attempt("sb-2", 1, "pool-a");
-            s.start_attempt(&a, 31).await.unwrap();
+            s.start_attempt(&a, 31, &fence()).await.unwrap();
             assert!(s
                 .transition_sandbox("sb-2", &["provisioning"], "deleted", None, None, 32)
                 .await
@@ -686,6 +700,7 @@ async fn attempts_start_end_and_succeed_and_place() {
                     latency_ms: 1.0,
                     placement_json: &placement("pool-a", "i-3"),
                     now_ms: 33,
+                    fence: &fence(),
                 })
                 .await
                 .unwrap());
@@ -700,9 +715,10 @@ async fn attempts_start_end_and_succeed_and_place() {
             done.error_class = Some("policy".into());
             done.message = Some("denied".into());
             done.finished_ms = Some(99);
-            s.insert_attempt(&done).await.unwrap();
+            insert(s, &sandbox("sb-3", "ws", "pending", json!({}), 40)).await;
+            s.insert_attempt(&done, &fence()).await.unwrap();
             assert!(same(&s.list_attempts("sb-3").await.unwrap()[0], &done));
-            assert!(s.insert_attempt(&done).await.is_err());
+            assert!(s.insert_attempt(&done, &fence()).await.is_err());
             assert!(s.list_attempts("sb-nope").await.unwrap().is_empty());
         },
     )
@@ -923,8 +939,17 @@ async fn leases_claim_renew_and_release() {
         }
 
         // Released: no owner, resumable by anyone from the retry time on.
-        s.release_lease("sb-1", 3_000).await.unwrap();
+        // Only by its holder: a stale fence releases nothing.
+        let held = s.lease_fence("sb-1").await.unwrap().unwrap();
+        let stale = Fence {
+            epoch: held.epoch - 1,
+            ..held.clone()
+        };
+        s.release_lease("sb-1", 3_000, &stale).await.unwrap();
+        assert_eq!(s.lease("sb-1").await.unwrap().unwrap().1, 7_000);
+        s.release_lease("sb-1", 3_000, &held).await.unwrap();
         assert_eq!(s.lease("sb-1").await.unwrap(), Some((None, 3_000)));
+        assert_eq!(s.lease_fence("sb-1").await.unwrap(), None);
         assert!(s
             .claim_expired_creates("owner-4", 2_999, 9_000)
             .await
@@ -937,6 +962,116 @@ async fn leases_claim_renew_and_release() {
             ["sb-1"]
         );
     })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_coordinator_that_lost_its_lease_cannot_write() {
+    each_backend(
+        "a_coordinator_that_lost_its_lease_cannot_write",
+        |fx| async move {
+            let s = &fx.store;
+            let fenced = |r: Result<(), StoreError>| matches!(r, Err(StoreError::Fenced { .. }));
+            // owner-1 holds sb-1 until 15 010 (epoch 0) and starts an attempt.
+            insert(s, &sandbox("sb-1", "ws", "pending", json!({}), 10)).await;
+            let old = fence();
+            assert_eq!(s.lease_fence("sb-1").await.unwrap(), Some(old.clone()));
+            let a1 = attempt("sb-1", 1, "pool-a");
+            s.start_attempt(&a1, 11, &old).await.unwrap();
+
+            // owner-1 pauses past its lease; owner-2, on another connection, takes over.
+            let other = fx.another().await;
+            assert_eq!(
+                other
+                    .claim_expired_creates("owner-2", 20_000, 40_000)
+                    .await
+                    .unwrap(),
+                ["sb-1"]
+            );
+            let new = other.lease_fence("sb-1").await.unwrap().unwrap();
+            assert_eq!(
+                new,
+                Fence {
+                    owner: "owner-2".into(),
+                    epoch: 1
+                }
+            );
+
+            // Every write owner-1's walk would make now touches nothing.
+            let a2 = attempt("sb-1", 2, "pool-b");
+            assert!(fenced(s.start_attempt(&a2, 21, &old).await));
+            assert!(fenced(s.insert_attempt(&a2, &old).await));
+            assert!(fenced(
+                s.set_attempt_state(&a1.id, "reconciling", &old).await
+            ));
+            let end = AttemptEnd {
+                state: "abandoned",
+                outcome: "unknown",
+                error_class: Some("unknown"),
+                message: None,
+                instance_id: None,
+                finished_ms: 22,
+            };
+            assert!(fenced(s.finish_attempt(&a1.id, &end, &old).await));
+            let p = placement("pool-a", "i-old");
+            fn success<'a>(placement_json: &'a str, fence: &'a Fence) -> Success<'a> {
+                Success {
+                    attempt_id: "sb-1-a1",
+                    sandbox_id: "sb-1",
+                    instance_id: "i-old",
+                    pool: "pool-a",
+                    latency_ms: 1.0,
+                    placement_json,
+                    now_ms: 23,
+                    fence,
+                }
+            }
+            assert!(matches!(
+                s.succeed_and_place(&success(&p, &old)).await,
+                Err(StoreError::Fenced { .. })
+            ));
+            assert!(matches!(
+                s.transition_fenced("sb-1", &["provisioning"], "failed", None, None, 24, &old)
+                    .await,
+                Err(StoreError::Fenced { .. })
+            ));
+            let row = s.get_sandbox("sb-1").await.unwrap().unwrap();
+            assert_eq!(
+                (row.state.as_str(), row.placement_json),
+                ("provisioning", None)
+            );
+            let attempts = s.list_attempts("sb-1").await.unwrap();
+            assert_eq!(attempts.len(), 1);
+            assert_eq!(attempts[0].state, "in_flight");
+            assert!(s.samples_since(0).await.unwrap().is_empty(), "rolled back");
+
+            // The new owner writes, and a state outside `from` is an answer, not a fence.
+            other.finish_attempt(&a1.id, &end, &new).await.unwrap();
+            assert!(!other
+                .transition_fenced("sb-1", &["running"], "failed", None, None, 25, &new)
+                .await
+                .unwrap());
+            assert!(other.succeed_and_place(&success(&p, &new)).await.unwrap());
+            assert_eq!(
+                other.get_sandbox("sb-1").await.unwrap().unwrap().state,
+                "running"
+            );
+
+            // A reclaim by the same owner is a new epoch too.
+            insert(s, &sandbox("sb-2", "ws", "pending", json!({}), 10)).await;
+            assert_eq!(
+                s.claim_expired_creates("owner-1", 20_000, 30_000)
+                    .await
+                    .unwrap(),
+                ["sb-2"]
+            );
+            assert_eq!(s.lease_fence("sb-2").await.unwrap().unwrap().epoch, 1);
+            assert!(fenced(
+                s.start_attempt(&attempt("sb-2", 1, "pool-a"), 26, &old)
+                    .await
+            ));
+        },
+    )
     .await;
 }
 
@@ -1276,6 +1411,7 @@ async fn recent_failures_counted_per_pool_and_class() {
         "recent_failures_counted_per_pool_and_class",
         |fx| async move {
             let s = &fx.store;
+            insert(s, &sandbox("sb-1", "ws", "pending", json!({}), 10)).await;
             let row =
                 |seq: i64, pool: &str, class: Option<&str>, finished: Option<i64>| AttemptRow {
                     state: if class.is_some() {
@@ -1305,7 +1441,7 @@ async fn recent_failures_counted_per_pool_and_class() {
                 row(6, "b", None, Some(3_000)),
                 row(7, "c", Some("rate_limit"), Some(1_000)),
             ] {
-                s.insert_attempt(&a).await.unwrap();
+                s.insert_attempt(&a, &fence()).await.unwrap();
             }
             let failures = s.recent_failures_by_pool(1_000).await.unwrap();
             assert_eq!(failures.len(), 2, "{failures:?}");

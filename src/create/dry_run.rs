@@ -118,6 +118,11 @@ fn would_be_job(
 ) -> Job {
     let now = crate::base::clock::now_ms();
     Job {
+        // Matches no lease: were a dry run ever to write, the store would refuse it.
+        fence: crate::store::sandboxes::Fence {
+            owner: String::new(),
+            epoch: -1,
+        },
         row: SandboxRow {
             id: id.to_string(),
             workspace: workspace.to_string(),

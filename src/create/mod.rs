@@ -56,8 +56,8 @@ use crate::providers::{
     Tags,
 };
 use crate::store::sandboxes::{
-    AbandonedRow, AttemptEnd, AttemptRow, IdempotencyClaim, InsertOutcome, ListFilter, SandboxRow,
-    IN_FLIGHT_STATES,
+    AbandonedRow, AttemptEnd, AttemptRow, Fence, IdempotencyClaim, InsertOutcome, ListFilter,
+    SandboxRow, IN_FLIGHT_STATES,
 };
 use crate::store::snapshots::SnapshotRow;
 use crate::store::{Store, StoreError};
@@ -137,6 +137,8 @@ pub struct Coordinator {
 /// A loaded in-flight create.
 struct Job {
     row: SandboxRow,
+    /// The lease this walk holds; every write it makes is conditional on it.
+    fence: Fence,
     principal: StoredPrincipal,
     body: CreateBody,
     request: Arc<Request>,
@@ -771,7 +773,7 @@ impl Coordinator {
 
     // -------------------------------------------------------------------- the walk
 
-    async fn load_job(&self, id: &str) -> Result<Option<Job>, StoreError> {
+    async fn load_job(&self, id: &str, fence: Fence) -> Result<Option<Job>, StoreError> {
         let Some(row) = self.deps.store.get_sandbox(id).await? else {
             return Ok(None);
         };
@@ -787,6 +789,7 @@ impl Coordinator {
             serde_json::from_str(&row.candidates_json).map_err(|e| parse("candidates", e))?;
         Ok(Some(Job {
             request: Arc::new(body.request.clone()),
+            fence,
             row,
             principal,
             body,
@@ -809,16 +812,48 @@ impl Coordinator {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(id);
-        if let Err(e) = result {
-            // Release the lease (the heartbeat would otherwise keep it alive) so the janitor
-            // resumes the create shortly; attempts left in flight are reconciled first.
-            tracing::error!(sandbox = id, error = %e, "create coordinator stopped; it will be resumed");
-            let _ = self.deps.store.release_lease(id, now_ms() + 1000).await;
+        match result {
+            Ok(()) => {}
+            // Another coordinator took the create over (this one was paused or cut off
+            // past its lease): it continues from the record; this walk only stops.
+            Err(StoreError::Fenced { .. }) => {
+                metrics::counter!("sandgate_create_fenced_total").increment(1);
+                tracing::warn!(
+                    sandbox = id,
+                    "lost the create's lease to another coordinator; stopping this walk"
+                );
+            }
+            Err(e) => {
+                // Release the lease (the heartbeat would otherwise keep it alive) so the
+                // janitor resumes the create shortly; attempts left in flight are
+                // reconciled first. Only a lease still this coordinator's is released.
+                tracing::error!(sandbox = id, error = %e, "create coordinator stopped; it will be resumed");
+                if let Ok(Some(fence)) = self.deps.store.lease_fence(id).await {
+                    if fence.owner == self.owner {
+                        let _ = self
+                            .deps
+                            .store
+                            .release_lease(id, now_ms() + 1000, &fence)
+                            .await;
+                    }
+                }
+            }
         }
     }
 
     async fn drive_inner(self: &Arc<Self>, id: &str) -> Result<(), StoreError> {
-        let Some(job) = self.load_job(id).await? else {
+        // Only a create whose lease this coordinator holds is driven, under that lease's
+        // epoch (a create inserted here, or claimed by this janitor).
+        let Some(fence) = self
+            .deps
+            .store
+            .lease_fence(id)
+            .await?
+            .filter(|f| f.owner == self.owner)
+        else {
+            return Ok(());
+        };
+        let Some(job) = self.load_job(id, fence).await? else {
             return Ok(());
         };
         if !IN_FLIGHT_STATES.contains(&job.row.state.as_str()) {
@@ -895,13 +930,14 @@ impl Coordinator {
         let error_json = serde_json::to_string(&error.body()).unwrap_or_default();
         self.deps
             .store
-            .transition_sandbox(
+            .transition_fenced(
                 &job.row.id,
                 &IN_FLIGHT_STATES,
                 "failed",
                 None,
                 Some(&error_json),
                 now_ms(),
+                &job.fence,
             )
             .await?;
         metrics::counter!("sandgate_sandbox_create_failures_total", "code" => error.code)
@@ -971,12 +1007,13 @@ impl Coordinator {
             started_ms: now_ms(),
             finished_ms: None,
         };
-        self.deps.store.insert_attempt(&row).await?;
+        self.deps.store.insert_attempt(&row, &job.fence).await?;
         Ok(row)
     }
 
     async fn end_attempt(
         &self,
+        job: &Job,
         attempt: &AttemptRow,
         state: &str,
         class: ErrorClass,
@@ -1000,6 +1037,7 @@ impl Coordinator {
                     instance_id,
                     finished_ms: now_ms(),
                 },
+                &job.fence,
             )
             .await
     }
@@ -1075,7 +1113,7 @@ impl Coordinator {
             Admission::Attempt(adapter) => adapter,
             Admission::Skip { class, message } => {
                 let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
-                self.end_attempt(&attempt, "advanced", class, &message, None)
+                self.end_attempt(job, &attempt, "advanced", class, &message, None)
                     .await?;
                 return Ok(Step::Advance);
             }
@@ -1086,7 +1124,7 @@ impl Coordinator {
             } => {
                 let attempt = self.start_attempt(job, cand, seq, "ended").await?;
                 let message = format!("refused by layer {layer}: {}", reasons.join("; "));
-                self.end_attempt(&attempt, "ended", class, &message, None)
+                self.end_attempt(job, &attempt, "ended", class, &message, None)
                     .await?;
                 return Ok(Step::End(refusal_reply(class, layer, &cand.pool, reasons)));
             }
@@ -1108,7 +1146,10 @@ impl Coordinator {
             started_ms: now_ms(),
             finished_ms: None,
         };
-        self.deps.store.start_attempt(&attempt, now_ms()).await?;
+        self.deps
+            .store
+            .start_attempt(&attempt, now_ms(), &job.fence)
+            .await?;
         // The attempt starts now, here: its window is timed on the monotonic clock.
         let deadline =
             Instant::now() + Duration::from_millis(self.deps.config.provisioning_window_ms);
@@ -1165,6 +1206,7 @@ impl Coordinator {
         match e.class.outcome() {
             Outcome::Advance => {
                 self.end_attempt(
+                    job,
                     attempt,
                     "advanced",
                     e.class,
@@ -1187,7 +1229,7 @@ impl Coordinator {
                 Ok(Step::Advance)
             }
             Outcome::Terminal => {
-                self.end_attempt(attempt, "ended", e.class, &e.message, None)
+                self.end_attempt(job, attempt, "ended", e.class, &e.message, None)
                     .await?;
                 let (status, code) = match e.class {
                     ErrorClass::Billing => (StatusCode::FORBIDDEN, "billing_refused"),
@@ -1209,17 +1251,18 @@ impl Coordinator {
             Outcome::Unknown => {
                 self.deps
                     .store
-                    .set_attempt_state(&attempt.id, "reconciling")
+                    .set_attempt_state(&attempt.id, "reconciling", &job.fence)
                     .await?;
                 self.deps
                     .store
-                    .transition_sandbox(
+                    .transition_fenced(
                         &job.row.id,
                         &["pending", "provisioning"],
                         "reconciling",
                         None,
                         None,
                         now_ms(),
+                        &job.fence,
                     )
                     .await?;
                 self.reconcile(job, cand, attempt).await
@@ -1239,7 +1282,7 @@ impl Coordinator {
     ) -> Result<Step, StoreError> {
         self.deps
             .store
-            .set_attempt_state(&attempt.id, "reconciling")
+            .set_attempt_state(&attempt.id, "reconciling", &job.fence)
             .await?;
         let Some(adapter) = self.deps.providers.for_pool(&cand.pool) else {
             self.abandon(job, cand, attempt, "no adapter to reconcile with")
@@ -1264,6 +1307,7 @@ impl Coordinator {
                             let _ = adapter.delete(&i.id).await;
                         }
                         self.end_attempt(
+                            job,
                             attempt,
                             "advanced",
                             ErrorClass::FailedBeforeRunning,
@@ -1310,6 +1354,10 @@ impl Coordinator {
         why: &str,
     ) -> Result<(), StoreError> {
         let now = now_ms();
+        // The attempt ends first, under the lease: a coordinator that lost the create must
+        // not set a watch that would delete an instance its successor adopted.
+        self.end_attempt(job, attempt, "abandoned", ErrorClass::Unknown, why, None)
+            .await?;
         self.deps
             .store
             .record_abandoned(
@@ -1324,18 +1372,17 @@ impl Coordinator {
                 now + self.deps.config.abandoned_watch_secs as i64 * 1000,
             )
             .await?;
-        self.end_attempt(attempt, "abandoned", ErrorClass::Unknown, why, None)
-            .await?;
         self.sample(&cand.pool, false, None).await;
         self.deps
             .store
-            .transition_sandbox(
+            .transition_fenced(
                 &job.row.id,
                 &["reconciling"],
                 "provisioning",
                 None,
                 None,
                 now,
+                &job.fence,
             )
             .await?;
         Ok(())
@@ -1364,6 +1411,7 @@ impl Coordinator {
                 shortfall.join(", ")
             );
             self.end_attempt(
+                job,
                 attempt,
                 "advanced",
                 ErrorClass::RuntimeShortfall,
@@ -1385,6 +1433,7 @@ impl Coordinator {
         }
         if let Err(message) = self.restore_export(job, cand, instance_id).await {
             self.end_attempt(
+                job,
                 attempt,
                 "advanced",
                 ErrorClass::FailedBeforeRunning,
@@ -1424,6 +1473,7 @@ impl Coordinator {
                 latency_ms: latency,
                 placement_json: &placement_json(cand, instance_id, lockdown),
                 now_ms: now,
+                fence: &job.fence,
             })
             .await?;
         if placed {
@@ -1454,13 +1504,14 @@ impl Coordinator {
         let placed = self
             .deps
             .store
-            .transition_sandbox(
+            .transition_fenced(
                 &job.row.id,
                 &IN_FLIGHT_STATES,
                 "running",
                 Some(&placement_json),
                 None,
                 now_ms(),
+                &job.fence,
             )
             .await?;
         if !placed {

@@ -55,6 +55,10 @@ pub enum StoreError {
     Migrate(String),
     #[error("database error: {0}")]
     Query(#[from] sqlx::Error),
+    /// A create's write found its lease held by another coordinator (or a later epoch of
+    /// this one): the writer lost the create and must stop (see `sandboxes::Fence`).
+    #[error("the lease on sandbox {sandbox_id} is no longer this coordinator's")]
+    Fenced { sandbox_id: String },
 }
 
 /// How durable a committed write is before it is acknowledged (SQLite `synchronous`).

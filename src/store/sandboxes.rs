@@ -65,6 +65,8 @@ pub struct Success<'a> {
     pub latency_ms: f64,
     pub placement_json: &'a str,
     pub now_ms: i64,
+    /// The walk's hold on the lease (see [`Fence`]).
+    pub fence: &'a Fence,
 }
 
 #[derive(Debug, Clone)]
@@ -200,7 +202,42 @@ fn list_query(f: &ListFilter, dialect: Dialect) -> (String, Vec<String>) {
     (sql, args)
 }
 
+/// A create's lease as its walk holds it: the owning coordinator and the epoch of its
+/// claim. Every write the walk makes carries it and matches no row once another coordinator
+/// has taken the create over (the epoch went up), which the store reports as
+/// [`StoreError::Fenced`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub owner: String,
+    pub epoch: i64,
+}
+
+/// `Ok` when a fenced write touched its row, else [`StoreError::Fenced`].
+fn fenced(affected: u64, id: &str) -> Result<(), StoreError> {
+    match affected {
+        0 => Err(StoreError::Fenced {
+            sandbox_id: id.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl Store {
+    /// A condition that holds while the sandbox `sandbox` (a parameter or a column) is
+    /// leased to the owner and epoch bound as parameters `$first` and `$first+1`. On
+    /// Postgres it share-locks the sandbox row, so a takeover waits for this write's
+    /// transaction and this write, after a takeover's commit, re-checks against it.
+    fn fence_sql(&self, sandbox: &str, first: u8) -> String {
+        let lock = match self.dialect() {
+            Dialect::Postgres => " FOR SHARE",
+            Dialect::Sqlite => "",
+        };
+        format!(
+            "EXISTS (SELECT 1 FROM sandboxes f WHERE f.id = {sandbox} AND f.lease_owner = ${first} AND f.lease_epoch = ${second}{lock})",
+            second = first + 1
+        )
+    }
+
     /// The unexpired holder of an idempotency key: `(body_hash, sandbox_id)`.
     pub async fn find_idempotency_key(
         &self,
@@ -348,32 +385,55 @@ impl Store {
         error_json: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
+        self.transition_sandbox_if(id, from, to, placement_json, error_json, now_ms, None)
+            .await
+    }
+
+    /// The one state-change statement, with the lease condition when `fence` is given.
+    #[allow(clippy::too_many_arguments)]
+    async fn transition_sandbox_if(
+        &self,
+        id: &str,
+        from: &[&str],
+        to: &str,
+        placement_json: Option<&str>,
+        error_json: Option<&str>,
+        now_ms: i64,
+        fence: Option<&Fence>,
+    ) -> Result<bool, StoreError> {
         // `from` travels as one JSON array argument, expanded by each dialect's JSON function.
         let from_list = serde_json::to_string(from).unwrap_or_else(|_| "[]".into());
-        let sql = match self.dialect() {
-            Dialect::Sqlite => {
-                "UPDATE sandboxes SET state = $2,
-                   placement_json = COALESCE($3, placement_json),
-                   error_json = COALESCE($4, error_json), updated_ms = $5
-                 WHERE id = $1 AND state IN (SELECT value FROM json_each($6))"
-            }
-            Dialect::Postgres => {
-                "UPDATE sandboxes SET state = $2,
-                   placement_json = COALESCE($3, placement_json),
-                   error_json = COALESCE($4, error_json), updated_ms = $5
-                 WHERE id = $1 AND state IN (SELECT json_array_elements_text($6::json))"
-            }
+        let states = match self.dialect() {
+            Dialect::Sqlite => "SELECT value FROM json_each($6)",
+            Dialect::Postgres => "SELECT json_array_elements_text($6::json)",
         };
-        let affected = with_pool!(self, pool => sqlx::query(sql)
-            .bind(id)
-            .bind(to)
-            .bind(placement_json)
-            .bind(error_json)
-            .bind(now_ms)
-            .bind(&from_list)
-            .execute(pool)
-            .await?
-            .rows_affected());
+        // The row's own lease columns (an UPDATE re-checks them against a concurrent
+        // takeover's commit on Postgres).
+        let lease = match fence {
+            Some(_) => " AND lease_owner = $7 AND lease_epoch = $8",
+            None => "",
+        };
+        let sql = format!(
+            "UPDATE sandboxes SET state = $2,
+               placement_json = COALESCE($3, placement_json),
+               error_json = COALESCE($4, error_json), updated_ms = $5
+             WHERE id = $1 AND state IN ({states}){lease}"
+        );
+        let (owner, epoch) = fence.map_or((None, None), |f| (Some(&f.owner), Some(f.epoch)));
+        let affected = with_pool!(self, pool => {
+            let query = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(id)
+                .bind(to)
+                .bind(placement_json)
+                .bind(error_json)
+                .bind(now_ms)
+                .bind(&from_list);
+            let query = match fence {
+                Some(_) => query.bind(owner).bind(epoch),
+                None => query,
+            };
+            query.execute(pool).await?.rows_affected()
+        });
         // Between in-flight states no identity appears or goes: nothing for the followers.
         let in_flight = |state: &str| matches!(state, "pending" | "provisioning" | "reconciling");
         if affected > 0 && !(in_flight(to) && from.iter().all(|f| in_flight(f))) {
@@ -382,12 +442,52 @@ impl Store {
         Ok(affected > 0)
     }
 
-    /// Records an attempt as given (its end included, if any).
-    pub async fn insert_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
-        const SQL: &str = "INSERT INTO attempts (id, sandbox_id, seq, pool, provider, account,
+    /// [`Store::transition_sandbox`] for a create's walk: only while `fence` holds the
+    /// lease. `Ok(false)` when the state was not one of `from` (e.g. deleted meanwhile);
+    /// [`StoreError::Fenced`] when the lease is another's.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn transition_fenced(
+        &self,
+        id: &str,
+        from: &[&str],
+        to: &str,
+        placement_json: Option<&str>,
+        error_json: Option<&str>,
+        now_ms: i64,
+        fence: &Fence,
+    ) -> Result<bool, StoreError> {
+        let moved = self
+            .transition_sandbox_if(
+                id,
+                from,
+                to,
+                placement_json,
+                error_json,
+                now_ms,
+                Some(fence),
+            )
+            .await?;
+        // No row moved: a state outside `from`, or a lease lost. Only the first is an answer;
+        // the walk must not act on "deleted meanwhile" for a create it no longer owns.
+        if !moved && self.lease_fence(id).await?.as_ref() != Some(fence) {
+            return Err(StoreError::Fenced {
+                sandbox_id: id.to_string(),
+            });
+        }
+        Ok(moved)
+    }
+
+    /// Records an attempt as given (its end included, if any), while `fence` holds the
+    /// sandbox's lease.
+    pub async fn insert_attempt(&self, a: &AttemptRow, fence: &Fence) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO attempts (id, sandbox_id, seq, pool, provider, account,
                state, outcome, error_class, message, instance_id, started_ms, finished_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
-        with_pool!(self, pool => sqlx::query(SQL)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13
+             WHERE {}",
+            self.fence_sql("$2", 14)
+        );
+        let inserted = with_pool!(self, pool => sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(&a.id)
             .bind(&a.sandbox_id)
             .bind(a.seq)
@@ -401,23 +501,34 @@ impl Store {
             .bind(&a.instance_id)
             .bind(a.started_ms)
             .bind(a.finished_ms)
+            .bind(&fence.owner)
+            .bind(fence.epoch)
             .execute(pool)
             .await?
             .rows_affected());
-        Ok(())
+        fenced(inserted, &a.sandbox_id)
     }
 
     /// Records a new attempt and moves the sandbox from `pending` to `provisioning`, in one
-    /// transaction.
-    pub async fn start_attempt(&self, a: &AttemptRow, now_ms: i64) -> Result<(), StoreError> {
-        const INSERT: &str = "INSERT INTO attempts (id, sandbox_id, seq, pool, provider, account,
+    /// transaction, while `fence` holds the sandbox's lease.
+    pub async fn start_attempt(
+        &self,
+        a: &AttemptRow,
+        now_ms: i64,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let insert = format!(
+            "INSERT INTO attempts (id, sandbox_id, seq, pool, provider, account,
                state, outcome, error_class, message, instance_id, started_ms, finished_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, NULL, NULL, NULL, $8, NULL)";
+             SELECT $1, $2, $3, $4, $5, $6, $7, NULL, NULL, NULL, NULL, $8, NULL
+             WHERE {}",
+            self.fence_sql("$2", 9)
+        );
         const PROVISIONING: &str = "UPDATE sandboxes SET state = 'provisioning', updated_ms = $2
              WHERE id = $1 AND state = 'pending'";
-        with_pool!(self, pool => {
+        let inserted = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            sqlx::query(INSERT)
+            let inserted = sqlx::query(sqlx::AssertSqlSafe(insert))
                 .bind(&a.id)
                 .bind(&a.sandbox_id)
                 .bind(a.seq)
@@ -426,16 +537,24 @@ impl Store {
                 .bind(&a.account)
                 .bind(&a.state)
                 .bind(a.started_ms)
+                .bind(&fence.owner)
+                .bind(fence.epoch)
                 .execute(&mut *tx)
-                .await?;
-            sqlx::query(PROVISIONING)
-                .bind(&a.sandbox_id)
-                .bind(now_ms)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
+                .await?
+                .rows_affected();
+            if inserted == 0 {
+                tx.rollback().await?;
+            } else {
+                sqlx::query(PROVISIONING)
+                    .bind(&a.sandbox_id)
+                    .bind(now_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+            }
+            inserted
         });
-        Ok(())
+        fenced(inserted, &a.sandbox_id)
     }
 
     /// Ends a successful attempt, records its sample and places the sandbox, in one
@@ -450,23 +569,35 @@ impl Store {
             latency_ms,
             placement_json,
             now_ms,
+            fence,
         } = *s;
-        const SUCCEED: &str = "UPDATE attempts SET state = 'succeeded', outcome = 'success',
+        let succeed = format!(
+            "UPDATE attempts SET state = 'succeeded', outcome = 'success',
                error_class = NULL, message = NULL, instance_id = $2, finished_ms = $3
-             WHERE id = $1";
+             WHERE id = $1 AND {}",
+            self.fence_sql("attempts.sandbox_id", 4)
+        );
         const SAMPLE: &str =
             "INSERT INTO pool_samples (pool, at_ms, success, latency_ms) VALUES ($1, $2, 1, $3)";
         const PLACE: &str = "UPDATE sandboxes SET state = 'running', placement_json = $2,
                updated_ms = $3
-             WHERE id = $1 AND state IN ('pending', 'provisioning', 'reconciling')";
+             WHERE id = $1 AND state IN ('pending', 'provisioning', 'reconciling')
+               AND lease_owner = $4 AND lease_epoch = $5";
         let placed = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            sqlx::query(SUCCEED)
+            let succeeded = sqlx::query(sqlx::AssertSqlSafe(succeed))
                 .bind(attempt_id)
                 .bind(instance_id)
                 .bind(now_ms)
+                .bind(&fence.owner)
+                .bind(fence.epoch)
                 .execute(&mut *tx)
-                .await?;
+                .await?
+                .rows_affected();
+            if succeeded == 0 {
+                tx.rollback().await?;
+                return Err(StoreError::Fenced { sandbox_id: sandbox_id.to_string() });
+            }
             sqlx::query(SAMPLE)
                 .bind(sample_pool)
                 .bind(now_ms)
@@ -477,6 +608,8 @@ impl Store {
                 .bind(sandbox_id)
                 .bind(placement_json)
                 .bind(now_ms)
+                .bind(&fence.owner)
+                .bind(fence.epoch)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected()
@@ -491,23 +624,43 @@ impl Store {
         Ok(placed)
     }
 
-    pub async fn set_attempt_state(&self, id: &str, state: &str) -> Result<(), StoreError> {
-        const SQL: &str = "UPDATE attempts SET state = $2 WHERE id = $1";
-        with_pool!(self, pool => sqlx::query(SQL)
+    /// Sets an attempt's state while `fence` holds its sandbox's lease.
+    pub async fn set_attempt_state(
+        &self,
+        id: &str,
+        state: &str,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "UPDATE attempts SET state = $2 WHERE id = $1 AND {}",
+            self.fence_sql("attempts.sandbox_id", 3)
+        );
+        let updated = with_pool!(self, pool => sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(state)
+            .bind(&fence.owner)
+            .bind(fence.epoch)
             .execute(pool)
             .await?
             .rows_affected());
-        Ok(())
+        fenced(updated, id)
     }
 
-    /// Ends an attempt; an instance id already recorded is kept when `end` has none.
-    pub async fn finish_attempt(&self, id: &str, end: &AttemptEnd<'_>) -> Result<(), StoreError> {
-        const SQL: &str = "UPDATE attempts SET state = $2, outcome = $3, error_class = $4,
+    /// Ends an attempt while `fence` holds its sandbox's lease; an instance id already
+    /// recorded is kept when `end` has none.
+    pub async fn finish_attempt(
+        &self,
+        id: &str,
+        end: &AttemptEnd<'_>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "UPDATE attempts SET state = $2, outcome = $3, error_class = $4,
                message = $5, instance_id = COALESCE($6, instance_id), finished_ms = $7
-             WHERE id = $1";
-        with_pool!(self, pool => sqlx::query(SQL)
+             WHERE id = $1 AND {}",
+            self.fence_sql("attempts.sandbox_id", 8)
+        );
+        let updated = with_pool!(self, pool => sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(end.state)
             .bind(end.outcome)
@@ -515,10 +668,12 @@ impl Store {
             .bind(end.message)
             .bind(end.instance_id)
             .bind(end.finished_ms)
+            .bind(&fence.owner)
+            .bind(fence.epoch)
             .execute(pool)
             .await?
             .rows_affected());
-        Ok(())
+        fenced(updated, id)
     }
 
     /// A sandbox's attempts in order.
@@ -764,7 +919,9 @@ impl Store {
         now_ms: i64,
         lease_expires_ms: i64,
     ) -> Result<Vec<String>, StoreError> {
-        const SQL: &str = "UPDATE sandboxes SET lease_owner = $1, lease_expires_ms = $3
+        // Each takeover is a new epoch: the previous owner's fenced writes stop matching.
+        const SQL: &str = "UPDATE sandboxes SET lease_owner = $1, lease_expires_ms = $3,
+               lease_epoch = lease_epoch + 1
              WHERE state IN ('pending', 'provisioning', 'reconciling') AND lease_expires_ms <= $2
              RETURNING id";
         let mut out = Vec::new();
@@ -796,17 +953,40 @@ impl Store {
     }
 
     /// Gives up this coordinator's lease on a create so that it is resumed (by the janitor
-    /// of any coordinator) from `retry_at_ms` on.
-    pub async fn release_lease(&self, id: &str, retry_at_ms: i64) -> Result<(), StoreError> {
-        const SQL: &str =
-            "UPDATE sandboxes SET lease_owner = NULL, lease_expires_ms = $2 WHERE id = $1";
+    /// of any coordinator) from `retry_at_ms` on. Only while `fence` still holds it: a
+    /// coordinator that lost the lease must not release its successor's.
+    pub async fn release_lease(
+        &self,
+        id: &str,
+        retry_at_ms: i64,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        const SQL: &str = "UPDATE sandboxes SET lease_owner = NULL, lease_expires_ms = $2
+             WHERE id = $1 AND lease_owner = $3 AND lease_epoch = $4";
         with_pool!(self, pool => sqlx::query(SQL)
             .bind(id)
             .bind(retry_at_ms)
+            .bind(&fence.owner)
+            .bind(fence.epoch)
             .execute(pool)
             .await?
             .rows_affected());
         Ok(())
+    }
+
+    /// The lease on a sandbox as a fence: who holds it and in which epoch (`None` when the
+    /// sandbox does not exist or nobody holds it).
+    pub async fn lease_fence(&self, id: &str) -> Result<Option<Fence>, StoreError> {
+        const SQL: &str = "SELECT lease_owner, lease_epoch FROM sandboxes WHERE id = $1";
+        Ok(
+            with_pool!(self, pool => match sqlx::query(SQL).bind(id).fetch_optional(pool).await? {
+                Some(r) => r.col::<Option<String>>("lease_owner")?.map(|owner| Ok::<_, sqlx::Error>(Fence {
+                    owner,
+                    epoch: r.col("lease_epoch")?,
+                })).transpose()?,
+                None => None,
+            }),
+        )
     }
 
     /// The lease on a sandbox: `(owner, expires_ms)`; `None` when there is no such sandbox.

@@ -106,6 +106,9 @@ pub struct FakeE2bConfig {
     /// The `envdVersion` reported; the SDKs gate features on it (0.5.7: octet-stream
     /// uploads yes, file metadata no).
     pub envd_version: String,
+    /// How long every create answer takes to be sent. The sandbox exists (and is listed)
+    /// from the request on, as when E2B's API is slow to answer a create it already placed.
+    pub answer_after: Duration,
 }
 
 impl Default for FakeE2bConfig {
@@ -115,6 +118,7 @@ impl Default for FakeE2bConfig {
             hang: Duration::from_secs(1),
             appear_after: Duration::ZERO,
             envd_version: "0.5.7".to_string(),
+            answer_after: Duration::ZERO,
         }
     }
 }
@@ -792,7 +796,10 @@ async fn create(shared: &Shared, req: &Req) -> Result<Reply, io::Error> {
         }
     };
     match create_now(shared, &spec) {
-        Created::Reply(reply) => Ok(reply),
+        Created::Reply(reply) => {
+            tokio::time::sleep(shared.config.answer_after).await;
+            Ok(reply)
+        }
         Created::Hang => {
             tokio::time::sleep(shared.config.hang).await;
             Err(io::Error::other(
