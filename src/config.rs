@@ -327,13 +327,19 @@ impl StoreConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct SecretsConfig {
     /// Key file used when `SANDGATE_MASTER_KEY` is not set; generated (mode 0600) if missing.
+    /// This key seals; see `accepted_key_files` for a rotation.
     pub master_key_file: PathBuf,
+    /// Key files that open (never seal) secrets: the old key while a rotation is under way
+    /// (`sandgate store rekey`), or the new one before it becomes current. Also
+    /// `SANDGATE_ACCEPTED_MASTER_KEYS`.
+    pub accepted_key_files: Vec<PathBuf>,
 }
 
 impl Default for SecretsConfig {
     fn default() -> Self {
         SecretsConfig {
             master_key_file: PathBuf::from("data/master.key"),
+            accepted_key_files: Vec::new(),
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod net;
 pub mod policy;
 pub mod propagation;
 pub mod providers;
+pub mod rekey;
 pub mod replicas;
 pub mod server;
 pub mod store;

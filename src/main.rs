@@ -97,6 +97,14 @@ enum Command {
         #[arg(long, short, env = "SANDGATE_CONFIG", global = true)]
         config: Option<PathBuf>,
     },
+    /// Maintain the store a configuration names.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+        /// TOML configuration file (its `[store]` and `[secrets]`).
+        #[arg(long, short, env = "SANDGATE_CONFIG", global = true)]
+        config: Option<PathBuf>,
+    },
     /// Check, test and evaluate Rego policies.
     Policy {
         #[command(subcommand)]
@@ -137,6 +145,15 @@ enum PolicyCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Re-seal every secret (credentials, sandbox egress tokens, the placeholder seed)
+    /// under the current master key, opening them with it or an accepted key
+    /// (`[secrets] accepted_key_files`, SANDGATE_ACCEPTED_MASTER_KEYS). Safe while the
+    /// gateway serves; exits 1 when a value opens under none of the keys or changed meanwhile.
+    Rekey,
 }
 
 #[derive(Subcommand)]
@@ -191,6 +208,17 @@ fn main() -> anyhow::Result<()> {
                 .build()
                 .context("starting the async runtime")?;
             runtime.block_on(serve(config))
+        }
+        Command::Store { command, config } => {
+            let config = Config::load(config.as_deref()).context("invalid configuration")?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let code = match command {
+                StoreCommand::Rekey => runtime.block_on(rekey(&config))?,
+            };
+            std::process::exit(code);
         }
         Command::Ca { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
@@ -299,6 +327,44 @@ fn policy_command(command: PolicyCommand, default_dir: &std::path::Path) -> anyh
             );
             Ok(if decision.allowed { 0 } else { 1 })
         }
+    }
+}
+
+async fn rekey(config: &Config) -> anyhow::Result<i32> {
+    use sandgate::credentials::seal::MasterKey;
+    if config.store.url.is_none() && !config.store.path.exists() {
+        anyhow::bail!(
+            "no store at {}: nothing to re-seal",
+            config.store.path.display()
+        );
+    }
+    let store = sandgate::store::Store::open(&config.store)
+        .await
+        .context("opening the store")?;
+    let key = MasterKey::load_ring(
+        &config.secrets.master_key_file,
+        &config.secrets.accepted_key_files,
+    )
+    .context("loading the master keys")?;
+    eprintln!(
+        "rekey: {} at {}, sealing under the current key ({} accepted besides)",
+        match store.dialect() {
+            sandgate::store::Dialect::Sqlite => "SQLite",
+            sandgate::store::Dialect::Postgres => "Postgres",
+        },
+        store.location(),
+        key.key_count() - 1
+    );
+    let report = sandgate::rekey::rekey(&store, &key, |line| println!("{line}")).await?;
+    for row in &report.unreadable {
+        eprintln!("rekey: {row}: opens under none of the keys; add its key to accepted_key_files");
+    }
+    if report.complete() {
+        println!("every secret is sealed under the current key");
+        Ok(0)
+    } else {
+        eprintln!("rekey: not complete; run it again once the values above can be opened");
+        Ok(1)
     }
 }
 

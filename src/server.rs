@@ -155,7 +155,12 @@ impl Server {
         // Where this replica starts following the others, taken before it loads anything.
         let cursor = crate::propagation::Cursor::at_end(&store).await?;
         tracing::info!(store = %store.location(), dialect = ?store.dialect(), "store opened");
-        let master_key = Arc::new(MasterKey::load(&config.secrets.master_key_file)?);
+        let mut master_key = MasterKey::load_ring(
+            &config.secrets.master_key_file,
+            &config.secrets.accepted_key_files,
+        )?;
+        crate::credentials::keys::adopt_placeholder_seed(&store, &mut master_key).await?;
+        let master_key = Arc::new(master_key);
         let credentials =
             Arc::new(CredentialStore::load(master_key, store.clone(), &config.credentials).await?);
         let identities = Arc::new(IdentityRegistry::from_config(

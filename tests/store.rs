@@ -1272,6 +1272,68 @@ async fn writes_other_replicas_must_see_are_in_the_change_feed() {
 }
 
 #[tokio::test]
+async fn sealed_values_are_listed_and_resealed_only_if_unchanged() {
+    each_backend(
+        "sealed_values_are_listed_and_resealed_only_if_unchanged",
+        |fx| async move {
+            let s = &fx.store;
+            // Deployment secrets: the first insert wins.
+            assert_eq!(s.store_secret("seed").await.unwrap(), None);
+            assert!(s.insert_store_secret("seed", b"one").await.unwrap());
+            assert!(!s.insert_store_secret("seed", b"two").await.unwrap());
+            assert_eq!(
+                s.store_secret("seed").await.unwrap().as_deref(),
+                Some(&b"one"[..])
+            );
+            assert!(!s
+                .reseal_store_secret("seed", b"two", b"three")
+                .await
+                .unwrap());
+            assert!(s
+                .reseal_store_secret("seed", b"one", b"three")
+                .await
+                .unwrap());
+            assert_eq!(
+                s.sealed_store_secrets().await.unwrap(),
+                vec![("seed".to_string(), b"three".to_vec())]
+            );
+
+            // Sandbox tokens: compare-and-swap on the sealed bytes.
+            insert(s, &sandbox("sb-1", "ws", "running", json!({}), 10)).await;
+            let tokens = s.sealed_tokens().await.unwrap();
+            assert_eq!(tokens.len(), 1);
+            let (id, old) = &tokens[0];
+            assert_eq!(id, "sb-1");
+            assert!(!s.reseal_token("sb-1", b"not it", b"new").await.unwrap());
+            assert!(s.reseal_token("sb-1", old, b"new").await.unwrap());
+            assert_eq!(
+                s.get_sandbox("sb-1").await.unwrap().unwrap().token_sealed,
+                b"new".to_vec()
+            );
+
+            // Credentials: compare-and-swap on the sealed bytes; the version is the secret's,
+            // not the sealing's, so it stays.
+            let v = s.upsert_credential("ws", "gh", "{}", b"old").await.unwrap();
+            assert!(!s
+                .reseal_credential("ws", "gh", b"other", b"new")
+                .await
+                .unwrap());
+            assert!(s
+                .reseal_credential("ws", "gh", b"old", b"new")
+                .await
+                .unwrap());
+            let row = s.get_credential("ws", "gh").await.unwrap().unwrap();
+            assert_eq!((row.sealed, row.version), (b"new".to_vec(), v));
+            assert!(!s
+                .reseal_credential("ws", "nope", b"new", b"x")
+                .await
+                .unwrap());
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn replicas_heartbeat_expire_and_leave() {
     each_backend("replicas_heartbeat_expire_and_leave", |fx| async move {
         let s = &fx.store;

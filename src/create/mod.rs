@@ -1949,7 +1949,8 @@ fn placement_json(cand: &StoredCandidate, instance_id: &str, lockdown: Option<Va
     .unwrap_or_default()
 }
 
-fn token_context(sandbox_id: &str) -> String {
+/// The associated data a sandbox's egress token is sealed with.
+pub(crate) fn token_context(sandbox_id: &str) -> String {
     format!("sandbox-token\n{sandbox_id}")
 }
 

@@ -22,6 +22,7 @@
 //!   applied it and has not been forwarded yet is refused instead.
 
 pub mod apply;
+pub mod keys;
 pub mod scan;
 pub mod scrub;
 pub mod seal;
@@ -174,7 +175,7 @@ impl CredentialMeta {
         Ok(())
     }
 
-    fn seal_context(&self) -> String {
+    pub(crate) fn seal_context(&self) -> String {
         format!("credential\n{}\n{}", self.workspace, self.name)
     }
 }

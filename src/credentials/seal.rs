@@ -25,15 +25,31 @@ pub enum SealError {
     BadEnvKey,
     #[error("master key file {path}: {reason}")]
     KeyFile { path: String, reason: String },
+    #[error("{ACCEPTED_KEYS_ENV} must hold keys of 64 hex characters or base64 of 32 bytes")]
+    BadAcceptedEnvKey,
     #[error("a sealed secret could not be opened (wrong master key or corrupted data)")]
     Open,
     #[error("sealing failed")]
     Seal,
 }
 
+/// The sealing keys: the current one, which seals, and any number of accepted ones, which
+/// only open (a key rotation in progress). Placeholders are derived from a seed of their
+/// own (see [`MasterKey::placeholder_seed`]), so they survive a rotation.
 pub struct MasterKey {
-    aead: LessSafeKey,
+    /// Current key first.
+    keys: Vec<LessSafeKey>,
     placeholder_key: hmac::Key,
+    /// The seed placeholders derive from by default (the current key's, as before seeds
+    /// were stored): what a store without a seed adopts.
+    default_seed: Zeroizing<Vec<u8>>,
+}
+
+/// Where an opened value was sealed: under the current key, or an accepted older one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SealedUnder {
+    Current,
+    Accepted,
 }
 
 impl std::fmt::Debug for MasterKey {
@@ -42,58 +58,87 @@ impl std::fmt::Debug for MasterKey {
     }
 }
 
+/// Keys accepted for opening (not sealing) during a rotation, besides `[secrets]
+/// accepted_key_files`: hex or base64 keys separated by commas or whitespace.
+pub const ACCEPTED_KEYS_ENV: &str = "SANDGATE_ACCEPTED_MASTER_KEYS";
+
 impl MasterKey {
     /// `SANDGATE_MASTER_KEY` if set, else the key file (generated when absent).
     pub fn load(key_file: &Path) -> Result<MasterKey, SealError> {
-        if let Ok(text) = std::env::var(MASTER_KEY_ENV) {
-            return MasterKey::from_bytes(&decode_key(text.trim()).ok_or(SealError::BadEnvKey)?);
-        }
-        let err = |reason: String| SealError::KeyFile {
-            path: key_file.display().to_string(),
-            reason,
+        MasterKey::load_ring(key_file, &[])
+    }
+
+    /// The current key as [`MasterKey::load`] finds it, plus the accepted ones: each of
+    /// `accepted_files` and each key in `SANDGATE_ACCEPTED_MASTER_KEYS`.
+    pub fn load_ring(
+        key_file: &Path,
+        accepted_files: &[std::path::PathBuf],
+    ) -> Result<MasterKey, SealError> {
+        let current = match std::env::var(MASTER_KEY_ENV) {
+            Ok(text) => decode_key(text.trim()).ok_or(SealError::BadEnvKey)?,
+            Err(_) => read_or_generate(key_file)?,
         };
-        if !key_file.exists() {
-            let mut bytes = Zeroizing::new([0u8; 32]);
-            SystemRandom::new()
-                .fill(bytes.as_mut())
-                .map_err(|_| err("no random source".into()))?;
-            write_private(key_file, hex(bytes.as_ref()).as_bytes())
-                .map_err(|e| err(e.to_string()))?;
-            tracing::info!(path = %key_file.display(), "generated a new master key for sealing secrets");
+        let mut accepted = Vec::new();
+        for file in accepted_files {
+            accepted.push(read_key_file(file)?);
         }
-        let text =
-            Zeroizing::new(std::fs::read_to_string(key_file).map_err(|e| err(e.to_string()))?);
-        let bytes =
-            decode_key(text.trim()).ok_or_else(|| err("not 32 bytes of hex or base64".into()))?;
-        MasterKey::from_bytes(&bytes)
+        if let Ok(text) = std::env::var(ACCEPTED_KEYS_ENV) {
+            for part in text
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|p| !p.is_empty())
+            {
+                accepted.push(decode_key(part).ok_or(SealError::BadAcceptedEnvKey)?);
+            }
+        }
+        let refs: Vec<&[u8]> = accepted.iter().map(|k| k.as_slice()).collect();
+        MasterKey::ring(&current, &refs)
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<MasterKey, SealError> {
-        if bytes.len() != 32 {
-            return Err(SealError::BadEnvKey);
+        MasterKey::ring(bytes, &[])
+    }
+
+    /// `current` seals and opens; each of `accepted` only opens.
+    pub fn ring(current: &[u8], accepted: &[&[u8]]) -> Result<MasterKey, SealError> {
+        let mut keys = vec![aead_key(current)?];
+        for key in accepted {
+            keys.push(aead_key(key)?);
         }
-        // Separate keys for the two uses, derived from the master key.
-        let derive = |label: &[u8]| {
-            let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, bytes), label);
-            Zeroizing::new(tag.as_ref().to_vec())
-        };
-        let aead_key = derive(b"sandgate seal v1");
-        let placeholder_key = derive(b"sandgate placeholder v1");
+        let default_seed = derive(current, b"sandgate placeholder v1")?;
         Ok(MasterKey {
-            aead: LessSafeKey::new(
-                UnboundKey::new(&AES_256_GCM, &aead_key).map_err(|_| SealError::Seal)?,
-            ),
-            placeholder_key: hmac::Key::new(hmac::HMAC_SHA256, &placeholder_key),
+            keys,
+            placeholder_key: hmac::Key::new(hmac::HMAC_SHA256, &default_seed),
+            default_seed,
         })
     }
 
+    /// The seed placeholders are derived from when the store holds none yet: the current
+    /// key's own derivation, which keeps the placeholders of sandboxes created before seeds
+    /// were stored.
+    pub fn default_placeholder_seed(&self) -> Secret {
+        Secret::new(hex(&self.default_seed))
+    }
+
+    /// Derives placeholders from `seed` (the deployment's stored seed, hex) from now on.
+    pub fn use_placeholder_seed(&mut self, seed: &Secret) -> Result<(), SealError> {
+        let bytes = decode_key(seed.expose().trim()).ok_or(SealError::Open)?;
+        self.placeholder_key = hmac::Key::new(hmac::HMAC_SHA256, &bytes);
+        Ok(())
+    }
+
+    /// How many keys open (the current one and the accepted ones).
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Seals under the current key.
     pub fn seal(&self, secret: &Secret, context: &str) -> Result<Vec<u8>, SealError> {
         let mut nonce = [0u8; NONCE_LEN];
         SystemRandom::new()
             .fill(&mut nonce)
             .map_err(|_| SealError::Seal)?;
         let mut buffer = secret.expose().as_bytes().to_vec();
-        self.aead
+        self.keys[0]
             .seal_in_place_append_tag(
                 Nonce::assume_unique_for_key(nonce),
                 Aad::from(context.as_bytes()),
@@ -107,19 +152,38 @@ impl MasterKey {
         Ok(out)
     }
 
+    /// Opens a value sealed under any key of the ring.
     pub fn open(&self, sealed: &[u8], context: &str) -> Result<Secret, SealError> {
+        self.open_with(sealed, context).map(|(secret, _)| secret)
+    }
+
+    /// [`MasterKey::open`], saying which key it took (`store rekey` re-seals the others).
+    /// The current key is tried first; a wrong key fails AES-GCM's tag check.
+    pub fn open_with(
+        &self,
+        sealed: &[u8],
+        context: &str,
+    ) -> Result<(Secret, SealedUnder), SealError> {
         if sealed.len() < 1 + NONCE_LEN + 16 || sealed[0] != VERSION {
             return Err(SealError::Open);
         }
-        let nonce = Nonce::try_assume_unique_for_key(&sealed[1..1 + NONCE_LEN])
-            .map_err(|_| SealError::Open)?;
-        let mut buffer = Zeroizing::new(sealed[1 + NONCE_LEN..].to_vec());
-        let plain = self
-            .aead
-            .open_in_place(nonce, Aad::from(context.as_bytes()), &mut buffer)
-            .map_err(|_| SealError::Open)?;
-        let text = std::str::from_utf8(plain).map_err(|_| SealError::Open)?;
-        Ok(Secret::new(text))
+        for (i, key) in self.keys.iter().enumerate() {
+            let nonce = Nonce::try_assume_unique_for_key(&sealed[1..1 + NONCE_LEN])
+                .map_err(|_| SealError::Open)?;
+            let mut buffer = Zeroizing::new(sealed[1 + NONCE_LEN..].to_vec());
+            let Ok(plain) = key.open_in_place(nonce, Aad::from(context.as_bytes()), &mut buffer)
+            else {
+                continue;
+            };
+            let text = std::str::from_utf8(plain).map_err(|_| SealError::Open)?;
+            let under = if i == 0 {
+                SealedUnder::Current
+            } else {
+                SealedUnder::Accepted
+            };
+            return Ok((Secret::new(text), under));
+        }
+        Err(SealError::Open)
     }
 
     /// The placeholder a sandbox sees instead of a credential: stable for one sandbox and
@@ -136,6 +200,52 @@ impl MasterKey {
 pub const PLACEHOLDER_PREFIX: &str = "sgph_";
 /// Length of a whole placeholder: the prefix plus 40 hex characters.
 pub const PLACEHOLDER_LEN: usize = PLACEHOLDER_PREFIX.len() + 40;
+
+/// A key for one use, derived from a master key (HMAC-SHA256 over the use's label).
+fn derive(master: &[u8], label: &[u8]) -> Result<Zeroizing<Vec<u8>>, SealError> {
+    if master.len() != 32 {
+        return Err(SealError::BadEnvKey);
+    }
+    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, master), label);
+    Ok(Zeroizing::new(tag.as_ref().to_vec()))
+}
+
+fn aead_key(master: &[u8]) -> Result<LessSafeKey, SealError> {
+    let key = derive(master, b"sandgate seal v1")?;
+    Ok(LessSafeKey::new(
+        UnboundKey::new(&AES_256_GCM, &key).map_err(|_| SealError::Seal)?,
+    ))
+}
+
+fn key_file_error(path: &Path, reason: String) -> SealError {
+    SealError::KeyFile {
+        path: path.display().to_string(),
+        reason,
+    }
+}
+
+/// The key in `path`, generated (mode 0600) when the file does not exist.
+fn read_or_generate(path: &Path) -> Result<Zeroizing<Vec<u8>>, SealError> {
+    if !path.exists() {
+        let mut bytes = Zeroizing::new([0u8; 32]);
+        SystemRandom::new()
+            .fill(bytes.as_mut())
+            .map_err(|_| key_file_error(path, "no random source".into()))?;
+        write_private(path, hex(bytes.as_ref()).as_bytes())
+            .map_err(|e| key_file_error(path, e.to_string()))?;
+        tracing::info!(path = %path.display(), "generated a new master key for sealing secrets");
+    }
+    read_key_file(path)
+}
+
+/// The key in an existing file (an accepted key is never generated).
+fn read_key_file(path: &Path) -> Result<Zeroizing<Vec<u8>>, SealError> {
+    let text = Zeroizing::new(
+        std::fs::read_to_string(path).map_err(|e| key_file_error(path, e.to_string()))?,
+    );
+    decode_key(text.trim())
+        .ok_or_else(|| key_file_error(path, "not 32 bytes of hex or base64".into()))
+}
 
 fn decode_key(text: &str) -> Option<Zeroizing<Vec<u8>>> {
     if text.len() == 64 && text.chars().all(|c| c.is_ascii_hexdigit()) {
@@ -185,6 +295,40 @@ mod tests {
         assert!(key.open(&sealed, "other/github").is_err());
         let other = MasterKey::from_bytes(&[8u8; 32]).unwrap();
         assert!(other.open(&sealed, "ws/github").is_err());
+    }
+
+    #[test]
+    fn a_ring_seals_under_the_current_key_and_opens_under_any() {
+        let (old, new) = ([1u8; 32], [2u8; 32]);
+        let before = MasterKey::from_bytes(&old).unwrap();
+        let sealed_old = before.seal(&Secret::new("s"), "c").unwrap();
+        // Rotation: the new key seals, the old one is accepted.
+        let during = MasterKey::ring(&new, &[&old]).unwrap();
+        assert_eq!(during.key_count(), 2);
+        let (secret, under) = during.open_with(&sealed_old, "c").unwrap();
+        assert_eq!((secret.expose(), under), ("s", SealedUnder::Accepted));
+        let sealed_new = during.seal(&Secret::new("t"), "c").unwrap();
+        assert_eq!(
+            during.open_with(&sealed_new, "c").unwrap().1,
+            SealedUnder::Current
+        );
+        // The old key alone cannot open what the new one sealed; the new alone cannot open
+        // what was not re-sealed.
+        assert!(before.open(&sealed_new, "c").is_err());
+        let after = MasterKey::from_bytes(&new).unwrap();
+        assert!(after.open(&sealed_old, "c").is_err());
+        assert!(during.open(&sealed_old, "other context").is_err());
+    }
+
+    #[test]
+    fn placeholders_follow_the_seed_not_the_key() {
+        let old = MasterKey::from_bytes(&[1u8; 32]).unwrap();
+        let seed = old.default_placeholder_seed();
+        let before = old.placeholder("sb1", "ws", "gh");
+        let mut rotated = MasterKey::ring(&[2u8; 32], &[&[1u8; 32]]).unwrap();
+        assert_ne!(rotated.placeholder("sb1", "ws", "gh"), before);
+        rotated.use_placeholder_seed(&seed).unwrap();
+        assert_eq!(rotated.placeholder("sb1", "ws", "gh"), before);
     }
 
     #[test]

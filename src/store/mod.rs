@@ -27,6 +27,7 @@ pub mod changes;
 pub mod delegations;
 pub mod replicas;
 pub mod sandboxes;
+pub mod sealed;
 pub mod snapshots;
 mod url;
 
