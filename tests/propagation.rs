@@ -8,7 +8,8 @@
 //! - a sandbox deleted on A has its open tunnel on B cut, and B refuses it afterwards.
 //!
 //! On Postgres (NOTIFY) and on SQLite (one file, polled). A further test turns the feed off
-//! on B and shows its periodic reconcile repairs what it missed.
+//! on B and shows its periodic reconcile repairs what it missed, and one shows a delegation
+//! revoked on A refused by B on the next request.
 
 mod common;
 
@@ -424,4 +425,69 @@ async fn the_reconcile_repairs_what_the_feed_did_not_deliver() {
         repaired >= 2.0,
         "registered once and revoked once: {repaired}"
     );
+}
+
+/// A delegation minted on A works on B, and once revoked on A it is refused by B on the
+/// very next request: delegations are read from the store at every use, so there is
+/// nothing to propagate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegation_revoked_on_one_replica_is_refused_by_the_other_at_once() {
+    const TEST: &str = "a_delegation_revoked_on_one_replica_is_refused_by_the_other_at_once";
+    init();
+    let Some(server) = postgres::server_or_skip(TEST) else {
+        return;
+    };
+    let db = TestDatabase::create(&server, "delegation_revoke").await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let store = format!("url = {:?}", db.url.expose());
+    let cfg = dir.path().join("sandgate.toml");
+    std::fs::write(&cfg, config(dir.path(), &ca, Some(&store), "")).unwrap();
+    let outcome = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
+        let a = serve(&cfg);
+        let b = serve(&cfg);
+        let api = Api::new(&a);
+        let (status, created) = api
+            .call(reqwest::Method::POST, "/v1/sandboxes", Some(json!({})))
+            .await;
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let (status, minted) = api
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/sandboxes/{id}/delegations"),
+                Some(json!({"agent": "build-bot", "actions": ["exec"], "ttl_secs": 600})),
+            )
+            .await;
+        assert_eq!(status, 201, "{minted}");
+        let token = minted["token"].as_str().unwrap().to_string();
+        let delegation = minted["delegation"]["id"].as_str().unwrap().to_string();
+        let exec_on_b = || async {
+            reqwest::Client::new()
+                .post(format!("http://{}/v1/sandboxes/{id}/exec", b.api))
+                .bearer_auth(&token)
+                .json(&json!({"argv": ["true"]}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        };
+        // Authenticated on B (the simulated provider then answers as it does for exec).
+        assert_ne!(exec_on_b().await, 401);
+        let (status, body) = api
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/v1/delegations/{delegation}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 204, "{body}");
+        assert_eq!(exec_on_b().await, 401, "refused by B on the next request");
+    }))
+    .await;
+    db.drop().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }
