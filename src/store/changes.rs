@@ -8,9 +8,10 @@
 //! how, so applying one twice or late is harmless).
 //!
 //! On Postgres an insert trigger NOTIFYs `sandgate_changes` at commit, so followers wake at
-//! once ([`ChangeListener`]); on SQLite (replicas on one host) they poll. Recording a change
-//! is best effort after the write itself has committed: a change that fails to record (or a
-//! notification that is lost) is repaired by the followers' periodic full reconcile.
+//! once ([`ChangeListener`]); on SQLite (replicas on one host) they poll. A sandbox's change
+//! row commits in the same transaction as its state; a credential's is recorded right after
+//! its write (best effort: one that fails to record, or a lost notification, is repaired by
+//! the followers' periodic full reconcile).
 
 use std::time::Duration;
 
@@ -23,6 +24,11 @@ use crate::base::clock::now_ms;
 pub const SANDBOX: &str = "sandbox";
 /// A credential put or deleted; key: [`credential_key`].
 pub const CREDENTIAL: &str = "credential";
+
+/// Appends one change: `(kind, key, origin, at_ms)`. Sandbox writes run it inside their own
+/// transaction, so the change commits with the state it announces.
+pub(crate) const RECORD: &str =
+    "INSERT INTO changes (kind, key, origin, at_ms) VALUES ($1, $2, $3, $4)";
 
 /// The Postgres channel the insert trigger notifies (migrations/postgres/0008_changes.sql).
 pub const CHANNEL: &str = "sandgate_changes";
@@ -62,8 +68,7 @@ impl Store {
     /// Appends a change as this store's origin. Never fails the caller: its write has
     /// committed already, and a change that is not recorded is found by the reconcile.
     pub(crate) async fn record_change(&self, kind: &str, key: &str) -> Result<(), StoreError> {
-        const SQL: &str = "INSERT INTO changes (kind, key, origin, at_ms) VALUES ($1, $2, $3, $4)";
-        let result = with_pool!(self, pool => sqlx::query(SQL)
+        let result = with_pool!(self, pool => sqlx::query(RECORD)
             .bind(kind)
             .bind(key)
             .bind(&*self.origin)

@@ -420,7 +420,12 @@ impl Store {
              WHERE id = $1 AND state IN ({states}){lease}"
         );
         let (owner, epoch) = fence.map_or((None, None), |f| (Some(&f.owner), Some(f.epoch)));
+        // Between in-flight states no identity appears or goes: nothing for the followers.
+        // Otherwise the change row commits with the state, in one transaction.
+        let in_flight = |state: &str| matches!(state, "pending" | "provisioning" | "reconciling");
+        let announce = !(in_flight(to) && from.iter().all(|f| in_flight(f)));
         let affected = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
             let query = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
                 .bind(id)
                 .bind(to)
@@ -432,13 +437,19 @@ impl Store {
                 Some(_) => query.bind(owner).bind(epoch),
                 None => query,
             };
-            query.execute(pool).await?.rows_affected()
+            let affected = query.execute(&mut *tx).await?.rows_affected();
+            if affected > 0 && announce {
+                sqlx::query(super::changes::RECORD)
+                    .bind(super::changes::SANDBOX)
+                    .bind(id)
+                    .bind(&*self.origin)
+                    .bind(crate::base::clock::now_ms())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            affected
         });
-        // Between in-flight states no identity appears or goes: nothing for the followers.
-        let in_flight = |state: &str| matches!(state, "pending" | "provisioning" | "reconciling");
-        if affected > 0 && !(in_flight(to) && from.iter().all(|f| in_flight(f))) {
-            self.record_change(super::changes::SANDBOX, id).await?;
-        }
         Ok(affected > 0)
     }
 
@@ -614,13 +625,19 @@ impl Store {
                 .await?
                 .rows_affected()
                 > 0;
+            if placed {
+                // The followers' change row commits with the placement.
+                sqlx::query(super::changes::RECORD)
+                    .bind(super::changes::SANDBOX)
+                    .bind(sandbox_id)
+                    .bind(&*self.origin)
+                    .bind(crate::base::clock::now_ms())
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await?;
             placed
         });
-        if placed {
-            self.record_change(super::changes::SANDBOX, sandbox_id)
-                .await?;
-        }
         Ok(placed)
     }
 
