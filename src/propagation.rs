@@ -204,15 +204,11 @@ impl Follower {
     }
 }
 
-/// Waits for a notification, or forever without a listener (SQLite).
-async fn wait_forever() -> Result<(), StoreError> {
-    std::future::pending().await
-}
-
+/// Waits for a notification, or forever without a listener (SQLite: the poll wakes it).
 async fn wake(listener: &mut Option<changes::ChangeListener>) -> Result<(), StoreError> {
     match listener {
         Some(listener) => listener.recv().await,
-        None => wait_forever().await,
+        None => std::future::pending().await,
     }
 }
 
