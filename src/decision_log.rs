@@ -48,6 +48,9 @@ pub struct DecisionRecord {
     /// Names of the credentials applied to the request (never their values).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<String>,
+    /// Their `type` (`header`, `aws_sigv4`, `oauth2`, ...), in the order of `credentials`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub credential_types: Vec<&'static str>,
     pub policy_generation: u64,
     pub latency_us: u64,
 }

@@ -52,6 +52,8 @@ pub enum StartError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("the token endpoints' HTTP client: {0}")]
+    Http(String),
     #[error("local provider: {0}")]
     Local(String),
     #[error("reading the CA certificate {path}: {source}")]
@@ -213,6 +215,7 @@ impl Server {
             .with_full_argv(config.log.full_argv);
         // Every layer's decisions go to the same log; egress is written by the proxy itself.
         policy.set_decision_log(log.clone(), &["egress"]);
+        credentials.enable_minting(token_client(&resolver, &upstream_tls)?);
         let egress = Arc::new(EgressState::new(
             config.proxy.clone(),
             EgressDeps {
@@ -553,6 +556,24 @@ pub fn routing_topology(
         .compile()
         .map_err(|e| StartError::Routing(e.to_string()))?;
     Ok((topology, local))
+}
+
+/// The client sandgate reaches token endpoints (OAuth2, GitHub) with: the upstream trust
+/// roots, names resolved and vetted like a sandbox's, no proxy from the environment, no
+/// redirects (a client secret is never sent on to another place).
+fn token_client(
+    resolver: &Arc<Resolver>,
+    tls: &rustls::ClientConfig,
+) -> Result<reqwest::Client, StartError> {
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls.clone())
+        .dns_resolver(Arc::new(crate::net::resolve::VettedDns(resolver.clone())))
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(10))
+        .user_agent(concat!("sandgate/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| StartError::Http(e.to_string()))
 }
 
 #[cfg(test)]

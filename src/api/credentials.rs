@@ -122,6 +122,24 @@ fn check_body(ws: &str, body: &CredentialBody) -> Result<(), ErrorReply> {
         }
         Apply::Basic { username } => text("apply.username", username, MAX_TEXT_BYTES)?,
         Apply::Query { param } => text("apply.param", param, sandgate_router::MAX_NAME_BYTES)?,
+        Apply::AwsSigv4 { service, region } => {
+            text("apply.service", service, sandgate_router::MAX_NAME_BYTES)?;
+            text("apply.region", region, sandgate_router::MAX_NAME_BYTES)?;
+        }
+        Apply::Oauth2 {
+            token_url,
+            client_id,
+            scopes,
+            ..
+        } => {
+            text("apply.token_url", token_url, MAX_TEXT_BYTES)?;
+            text("apply.client_id", client_id, MAX_TEXT_BYTES)?;
+            bounded("apply.scopes", scopes.len())?;
+            for (i, scope) in scopes.iter().enumerate() {
+                text(format!("apply.scopes[{i}]"), scope, MAX_TEXT_BYTES)?;
+            }
+        }
+        Apply::GithubApp { api_url, .. } => text("apply.api_url", api_url, MAX_TEXT_BYTES)?,
     }
     if let Some(env) = &body.placeholder_env {
         text("placeholder_env", env, sandgate_router::MAX_NAME_BYTES)?;
@@ -191,7 +209,7 @@ pub(crate) async fn list(
     path = "/v1/workspaces/{ws}/credentials/{name}",
     tag = "credentials",
     params(("ws" = String, Path, description = "Workspace"), ("name" = String, Path, description = "Credential name")),
-    responses((status = 200, description = "The credential's metadata", body = Object), (status = 404, description = "not_found")),
+    responses((status = 200, description = "The credential's metadata, version and type; for a minted one (oauth2, github_app) also `token: {expires_at, last_refresh_at, last_refresh_outcome, last_refresh_error, ended, refreshes}` (never the token)", body = Object), (status = 404, description = "not_found")),
     security(("bearer" = []))
 )]
 pub(crate) async fn read(
@@ -203,7 +221,7 @@ pub(crate) async fn read(
         return forbidden(&ws).into_response();
     }
     match state.credentials.get(&ws, &name) {
-        Some(c) => Json(&c.meta).into_response(),
+        Some(c) => Json(c.view()).into_response(),
         None => error_reply(CredentialError::NotFound {
             workspace: ws,
             name,

@@ -63,9 +63,7 @@ pub async fn env(
     for binding in &identity.bindings {
         placeholders.insert(binding.name.clone(), binding.placeholder.clone());
         if let Some(credential) = state.credentials.get(&identity.workspace, &binding.name) {
-            if let Some(var) = &credential.meta.placeholder_env {
-                env.insert(var.clone(), binding.placeholder.clone());
-            }
+            env.extend(credential.meta.placeholder_vars(&binding.placeholder));
         }
     }
     Json(json!({"id": identity.id, "workspace": identity.workspace, "env": env, "placeholders": placeholders}))

@@ -1544,14 +1544,12 @@ impl Coordinator {
             let Some(credential) = self.deps.credentials.get(workspace, name) else {
                 continue;
             };
-            if let Some(var) = &credential.meta.placeholder_env {
-                let placeholder = self
-                    .deps
-                    .credentials
-                    .key()
-                    .placeholder(sandbox_id, workspace, name);
-                env.insert(var.clone(), placeholder);
-            }
+            let placeholder = self
+                .deps
+                .credentials
+                .key()
+                .placeholder(sandbox_id, workspace, name);
+            env.extend(credential.meta.placeholder_vars(&placeholder));
         }
         env
     }

@@ -25,7 +25,7 @@ use serde_json::json;
 
 use super::scan::{self, Token};
 use super::scrub::{Scrubber, QUERY_VALUE};
-use super::{Apply, Credential, CredentialStore};
+use super::{aws, Apply, Credential, CredentialStore, Material};
 use crate::error::ErrorReply;
 use crate::identity::Identity;
 use crate::policy::PolicyEngine;
@@ -44,6 +44,11 @@ pub struct RequestView<'a> {
 #[derive(Default)]
 pub struct Applied {
     pub names: Vec<String>,
+    /// The `type` of each applied credential, in the order of `names`.
+    pub types: Vec<&'static str>,
+    /// An AWS credential whose placeholder signed the request: the request is signed again
+    /// with the real key once its final form is known (see [`AwsSigning::sign`]).
+    pub aws: Option<AwsSigning>,
     pub scrubbers: Vec<Arc<Scrubber>>,
     /// Some applied credential asks for its secret to be scrubbed from response bodies.
     pub scrub_body: bool,
@@ -56,6 +61,71 @@ impl Applied {
     pub fn retired(&self) -> bool {
         self.credentials.iter().any(|c| c.is_retired())
     }
+}
+
+/// An AWS request to sign again, with what the sandbox's SDK declared.
+pub struct AwsSigning {
+    credential: Arc<Credential>,
+    signed_by: aws::SignedBy,
+    pub payload: aws::Payload,
+}
+
+impl AwsSigning {
+    /// Whether the signature must cover the body's hash, which the caller then computes.
+    pub fn needs_body_hash(&self) -> bool {
+        matches!(self.payload, aws::Payload::Absent)
+    }
+
+    /// Signs the request as it will be forwarded to `uri` (`scheme://authority/path`),
+    /// replacing the sandbox's signature. `host_header` is the `Host` the HTTP client will
+    /// send for that URI.
+    pub fn sign(
+        &self,
+        method: &http::Method,
+        headers: &mut HeaderMap,
+        uri: &str,
+        host_header: &str,
+        body_sha256: Option<&str>,
+    ) -> Result<(), ErrorReply> {
+        let (Apply::AwsSigv4 { service, region }, Material::Aws(keys)) =
+            (&self.credential.meta.apply, &self.credential.material)
+        else {
+            return Err(aws_error(
+                &self.credential,
+                &aws::AwsError::CredentialInvalid("not an aws_sigv4 credential".into()),
+            ));
+        };
+        aws::resign(
+            headers,
+            method,
+            uri,
+            host_header,
+            &self.signed_by,
+            &self.payload,
+            body_sha256,
+            keys,
+            service,
+            region,
+            std::time::SystemTime::now(),
+        )
+        .map_err(|e| aws_error(&self.credential, &e))
+    }
+}
+
+fn aws_error(credential: &Credential, e: &aws::AwsError) -> ErrorReply {
+    let status = match e {
+        aws::AwsError::StreamingSignedUnsupported => StatusCode::NOT_IMPLEMENTED,
+        aws::AwsError::SigningFailed(_) | aws::AwsError::CredentialInvalid(_) => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        _ => StatusCode::BAD_REQUEST,
+    };
+    ErrorReply::new(
+        status,
+        e.code(),
+        format!("credential {:?} (aws_sigv4): {e}", credential.meta.name),
+    )
+    .with_details(json!({"credential": credential.meta.name, "reasons": [e.to_string()]}))
 }
 
 /// Where in a request a placeholder was found.
@@ -144,8 +214,9 @@ pub fn credentialed_destination(
 }
 
 /// Applies credentials to `headers` and `path_and_query` (rewritten in place). The path
-/// is already normalised (see `egress::path`).
-pub fn apply(
+/// is already normalised (see `egress::path`). Waits only when a minted credential has no
+/// usable token (see `credentials::tokens`).
+pub async fn apply(
     credentials: &CredentialStore,
     policy: &PolicyEngine,
     identity: &Identity,
@@ -163,19 +234,156 @@ pub fn apply(
             return Err(mismatch_error(view, place));
         }
     }
+    let applicable = signed_by_placeholder(applicable, headers)?;
     // Network permission alone never grants credential use: each one is authorized.
-    for (_, credential) in &applicable {
-        authorize(policy, credential, view, path_and_query)?;
+    for (_, credential, signed_by) in &applicable {
+        authorize(
+            policy,
+            credential,
+            view,
+            path_and_query,
+            headers,
+            signed_by.as_ref(),
+        )?;
     }
     let mut applied = Applied::default();
-    for (_, credential) in applicable {
-        write_slot(&credential, headers, path_and_query).map_err(|()| slot_error(view))?;
+    for (_, credential, signed_by) in applicable {
+        write(
+            &credential,
+            signed_by,
+            headers,
+            path_and_query,
+            view,
+            &mut applied,
+        )
+        .await?;
+        metrics::counter!(
+            "sandgate_credential_applied_total",
+            "workspace" => credential.meta.workspace.clone(),
+            "credential" => credential.meta.name.clone()
+        )
+        .increment(1);
         applied.names.push(credential.meta.name.clone());
+        applied.types.push(credential.meta.apply.kind());
         applied.scrubbers.push(credential.scrubber.clone());
         applied.scrub_body |= credential.meta.scrub_response_body;
         applied.credentials.push(credential);
     }
     Ok(applied)
+}
+
+/// One credential, applied: a static secret or a minted token written into its slot, or
+/// an AWS signature noted for signing once the request is final.
+async fn write(
+    credential: &Arc<Credential>,
+    signed_by: Option<aws::SignedBy>,
+    headers: &mut HeaderMap,
+    path_and_query: &mut String,
+    view: &RequestView<'_>,
+    applied: &mut Applied,
+) -> Result<(), ErrorReply> {
+    match &credential.material {
+        Material::Static => {
+            write_slot(credential, headers, path_and_query).map_err(|()| slot_error(view))
+        }
+        Material::Tokens(source) => {
+            let minted = source
+                .token()
+                .await
+                .map_err(|e| unavailable(credential, view, &e))?;
+            let value = match &credential.meta.apply {
+                Apply::GithubApp { .. } => {
+                    super::github::authorization(&minted.token, path_and_query)
+                }
+                _ => format!("Bearer {}", minted.token.expose()),
+            };
+            headers.insert(
+                header::AUTHORIZATION,
+                sensitive(&value).map_err(|()| slot_error(view))?,
+            );
+            applied.scrubbers.push(minted.scrubber.clone());
+            Ok(())
+        }
+        Material::Aws(_) => {
+            let signed_by = signed_by.ok_or_else(|| slot_error(view))?;
+            let payload = aws::payload_of(headers).map_err(|e| aws_error(credential, &e))?;
+            if matches!(payload, aws::Payload::StreamingSigned) {
+                return Err(aws_error(
+                    credential,
+                    &aws::AwsError::StreamingSignedUnsupported,
+                ));
+            }
+            applied.aws = Some(AwsSigning {
+                credential: credential.clone(),
+                signed_by,
+                payload,
+            });
+            Ok(())
+        }
+    }
+}
+
+fn unavailable(
+    credential: &Credential,
+    view: &RequestView<'_>,
+    e: &super::tokens::TokenError,
+) -> ErrorReply {
+    let status = match e {
+        super::tokens::TokenError::Ended(_) => StatusCode::FORBIDDEN,
+        super::tokens::TokenError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    // The endpoint's own words may quote what it was sent: scrub them.
+    let reason = credential
+        .scrubber
+        .scrub(e.to_string().as_bytes())
+        .map_or_else(
+            || e.to_string(),
+            |scrubbed| String::from_utf8_lossy(&scrubbed).into_owned(),
+        );
+    ErrorReply::new(
+        status,
+        "credential_unavailable",
+        format!(
+            "credential {:?} ({}) for {}:{} is unavailable: {reason}",
+            credential.meta.name,
+            credential.meta.apply.kind(),
+            view.host,
+            view.port
+        ),
+    )
+    .with_details(json!({
+        "host": view.host, "port": view.port, "credential": credential.meta.name,
+        "type": credential.meta.apply.kind(), "reasons": [reason],
+    }))
+}
+
+type Candidate = (String, Arc<Credential>, Option<aws::SignedBy>);
+
+/// An AWS credential applies only to a request its placeholder signed (what the sandbox's
+/// SDK signed with); an unsigned request, or one signed with another key, is left as it is.
+fn signed_by_placeholder(
+    applicable: Vec<(String, Arc<Credential>)>,
+    headers: &HeaderMap,
+) -> Result<Vec<Candidate>, ErrorReply> {
+    let mut out = Vec::with_capacity(applicable.len());
+    for (placeholder, credential) in applicable {
+        if !matches!(credential.meta.apply, Apply::AwsSigv4 { .. }) {
+            out.push((placeholder, credential, None));
+            continue;
+        }
+        let Some(value) = headers.get(header::AUTHORIZATION) else {
+            continue;
+        };
+        if !scan::mentions_placeholder(value.as_bytes()) {
+            continue;
+        }
+        let signed_by =
+            aws::parse_authorization(value.as_bytes()).map_err(|e| aws_error(&credential, &e))?;
+        if signed_by.access_key_id.eq_ignore_ascii_case(&placeholder) {
+            out.push((placeholder, credential, Some(signed_by)));
+        }
+    }
+    Ok(out)
 }
 
 /// Bound credentials whose own destinations cover this request, with their placeholders.
@@ -225,6 +433,12 @@ fn slot_matches(apply: &Apply, place: &Place) -> bool {
         }
         (Apply::Basic { .. }, Place::Header(found)) => found == header::AUTHORIZATION,
         (Apply::Query { param }, Place::QueryValue(found)) => found == param.as_bytes(),
+        // Where the sandbox's SDK puts its access key (`Credential=<key>/...`), or the
+        // sandbox's own `Bearer`/`Basic` for a minted token: replaced either way.
+        (
+            Apply::AwsSigv4 { .. } | Apply::Oauth2 { .. } | Apply::GithubApp { .. },
+            Place::Header(found),
+        ) => found == header::AUTHORIZATION,
         _ => false,
     }
 }
@@ -234,8 +448,24 @@ fn authorize(
     credential: &Credential,
     view: &RequestView<'_>,
     path_and_query: &str,
+    headers: &HeaderMap,
+    signed_by: Option<&aws::SignedBy>,
 ) -> Result<(), ErrorReply> {
-    let input = credential_input(credential, view, path_and_query);
+    let aws = signed_by.and_then(|_| match &credential.meta.apply {
+        Apply::AwsSigv4 { service, region } => Some(
+            aws::operation(
+                service,
+                region,
+                view.method,
+                view.host,
+                path_and_query,
+                headers,
+            )
+            .to_value(),
+        ),
+        _ => None,
+    });
+    let input = credential_input(credential, view, path_and_query, aws);
     let decision = policy.evaluate("credential", input);
     if decision.allowed {
         return Ok(());
@@ -281,6 +511,8 @@ fn write_slot(
         Apply::Query { param } => {
             *path_and_query = set_query_param(path_and_query, param, secret);
         }
+        // Written by `write`: these never put the stored secret itself on a request.
+        Apply::AwsSigv4 { .. } | Apply::Oauth2 { .. } | Apply::GithubApp { .. } => return Err(()),
     }
     Ok(())
 }
@@ -342,10 +574,14 @@ fn credential_input(
     credential: &Credential,
     view: &RequestView<'_>,
     path_and_query: &str,
+    aws: Option<Value>,
 ) -> Value {
     let mut request = BTreeMap::new();
     request.insert(Value::from("method"), Value::from(view.method));
     request.insert(Value::from("path"), Value::from(path_and_query));
+    if let Some(aws) = aws {
+        request.insert(Value::from("aws"), aws);
+    }
     let mut input = BTreeMap::new();
     input.insert(Value::from("credential"), credential.policy_value.clone());
     input.insert(Value::from("sandbox"), view.sandbox.clone());

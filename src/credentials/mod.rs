@@ -22,11 +22,15 @@
 //!   applied it and has not been forwarded yet is refused instead.
 
 pub mod apply;
+pub mod aws;
+pub mod github;
 pub mod keys;
+pub mod oauth2;
 pub mod scan;
 pub mod scrub;
 pub mod seal;
 pub mod secret;
+pub mod tokens;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -90,6 +94,54 @@ pub enum Apply {
     Basic { username: String },
     /// `?param=secret` (replacing any value the sandbox sent for it).
     Query { param: String },
+    /// Re-sign AWS Signature Version 4 requests: the sandbox's SDK signs with its placeholder
+    /// key, the proxy checks that and signs again with the real key for `service` and
+    /// `region` (see [`aws`]). The secret is the JSON document
+    /// `{"access_key_id", "secret_access_key", "session_token"?}`.
+    AwsSigv4 { service: String, region: String },
+    /// An OAuth2 access token sandgate obtains from `token_url` and injects as
+    /// `Authorization: Bearer` (see [`oauth2`]). The secret is the client secret
+    /// (`client_credentials`), the refresh token (`refresh_token`, public client), or the
+    /// JSON document `{"client_secret"?, "refresh_token"?}`.
+    Oauth2 {
+        grant: oauth2::Grant,
+        token_url: String,
+        client_id: String,
+        #[serde(default)]
+        scopes: Vec<String>,
+        /// How the client authenticates at the token endpoint (default HTTP Basic).
+        #[serde(default)]
+        client_auth: oauth2::ClientAuth,
+    },
+    /// A GitHub App installation token (see [`github`]): `Authorization: Bearer` for the
+    /// API, `Basic x-access-token:<token>` for git over HTTPS. The secret is the App's
+    /// private key (PEM).
+    GithubApp {
+        app_id: u64,
+        installation_id: u64,
+        /// The REST API base the installation token is minted at.
+        #[serde(default = "github::default_api_url")]
+        api_url: String,
+    },
+}
+
+impl Apply {
+    /// The `type` tag, for the API, the decision log and policy input.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Apply::Header { .. } => "header",
+            Apply::Basic { .. } => "basic",
+            Apply::Query { .. } => "query",
+            Apply::AwsSigv4 { .. } => "aws_sigv4",
+            Apply::Oauth2 { .. } => "oauth2",
+            Apply::GithubApp { .. } => "github_app",
+        }
+    }
+
+    /// Whether the value applied is a short-lived token sandgate mints (see [`tokens`]).
+    pub fn mints(&self) -> bool {
+        matches!(self, Apply::Oauth2 { .. } | Apply::GithubApp { .. })
+    }
 }
 
 /// Everything about a credential except its secret: what the API returns.
@@ -160,6 +212,22 @@ impl CredentialMeta {
                     return bad("apply.param", "not a query parameter name".into());
                 }
             }
+            Apply::AwsSigv4 { service, region } => {
+                for (field, value) in [("apply.service", service), ("apply.region", region)] {
+                    if !aws_name(value) {
+                        return bad(field, "use 1-64 of a-z, 0-9 and '-'".into());
+                    }
+                }
+            }
+            Apply::Oauth2 {
+                token_url,
+                client_id,
+                scopes,
+                ..
+            } => oauth2::validate(token_url, client_id, scopes).or_else(|(f, m)| bad(f, m))?,
+            Apply::GithubApp { api_url, .. } => {
+                github::validate(api_url).or_else(|(f, m)| bad(f, m))?
+            }
         }
         if let Some(env) = &self.placeholder_env {
             if env.is_empty()
@@ -175,9 +243,34 @@ impl CredentialMeta {
         Ok(())
     }
 
+    /// The environment a sandbox bound to this credential gets: `placeholder_env` holding
+    /// the placeholder, and for `aws_sigv4` the variables every AWS SDK reads, the key id and
+    /// the secret both being the placeholder (the SDK signs with them; the proxy signs again
+    /// with the real key, and they open nothing anywhere else).
+    pub fn placeholder_vars(&self, placeholder: &str) -> Vec<(String, String)> {
+        let mut vars = Vec::new();
+        if let Apply::AwsSigv4 { region, .. } = &self.apply {
+            vars.push(("AWS_ACCESS_KEY_ID".to_string(), placeholder.to_string()));
+            vars.push(("AWS_SECRET_ACCESS_KEY".to_string(), placeholder.to_string()));
+            vars.push(("AWS_REGION".to_string(), region.clone()));
+        }
+        if let Some(var) = &self.placeholder_env {
+            vars.push((var.clone(), placeholder.to_string()));
+        }
+        vars
+    }
+
     pub(crate) fn seal_context(&self) -> String {
         format!("credential\n{}\n{}", self.workspace, self.name)
     }
+}
+
+/// An AWS service or region name as it appears in a SigV4 credential scope.
+fn aws_name(value: &str) -> bool {
+    (1..=64).contains(&value.len())
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
 /// 1-64 of `a-z`, `0-9`, `-`, `_`, `.`, starting with a letter or digit: a name is used in
@@ -286,11 +379,94 @@ pub struct Credential {
     pub policy_value: regorus::Value,
     /// Every form of the secret, to scrub responses with.
     pub scrubber: Arc<scrub::Scrubber>,
+    /// The secret as this credential's type uses it.
+    pub material: Material,
     /// Set when this version is deleted or replaced.
     retired: AtomicBool,
 }
 
+/// The secret as a credential's type uses it.
+pub enum Material {
+    /// `header`, `basic`, `query`: the secret itself goes into the slot.
+    Static,
+    /// `aws_sigv4`: the keys requests are signed with.
+    Aws(aws::AwsKeys),
+    /// `oauth2`, `github_app`: tokens minted from the secret.
+    Tokens(Arc<tokens::TokenSource>),
+}
+
+impl std::fmt::Debug for Material {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Material::Static => "Static",
+            Material::Aws(_) => "Aws",
+            Material::Tokens(_) => "Tokens",
+        })
+    }
+}
+
+/// A secret read as its type needs it, before anything is minted.
+enum Parsed {
+    Static,
+    Aws(aws::AwsKeys),
+    Oauth2(oauth2::ClientSecrets),
+    GithubApp(github::App),
+}
+
+/// Reads `secret` as `apply` needs it; the message names the problem, never the secret.
+fn parse_secret(apply: &Apply, secret: &Secret) -> Result<Parsed, String> {
+    Ok(match apply {
+        Apply::Header { .. } | Apply::Basic { .. } | Apply::Query { .. } => Parsed::Static,
+        Apply::AwsSigv4 { .. } => {
+            Parsed::Aws(aws::AwsKeys::parse(secret).map_err(|e| e.to_string())?)
+        }
+        Apply::Oauth2 { grant, .. } => {
+            Parsed::Oauth2(oauth2::ClientSecrets::parse(*grant, secret)?)
+        }
+        Apply::GithubApp {
+            app_id,
+            installation_id,
+            api_url,
+        } => Parsed::GithubApp(github::App::new(
+            *app_id,
+            *installation_id,
+            api_url,
+            secret,
+        )?),
+    })
+}
+
+impl Parsed {
+    /// The value that travels on the wire, which responses are scrubbed of.
+    fn wire_secret<'a>(&'a self, secret: &'a Secret) -> &'a Secret {
+        match self {
+            Parsed::Aws(keys) => keys
+                .session_token
+                .as_ref()
+                .unwrap_or(&keys.secret_access_key),
+            Parsed::Oauth2(s) => s
+                .client_secret
+                .as_ref()
+                .or(s.refresh_token.as_ref())
+                .unwrap_or(secret),
+            Parsed::Static | Parsed::GithubApp(_) => secret,
+        }
+    }
+}
+
 impl Credential {
+    /// What the API shows: the metadata, the version, the `type` and, for a minted
+    /// credential, the current token's expiry and the last refresh (never a token).
+    pub fn view(&self) -> serde_json::Value {
+        let mut view = serde_json::to_value(&self.meta).unwrap_or_default();
+        view["version"] = self.version.into();
+        view["type"] = self.meta.apply.kind().into();
+        if let Material::Tokens(source) = &self.material {
+            view["token"] = serde_json::to_value(source.status()).unwrap_or_default();
+        }
+        view
+    }
+
     /// Whether this version was deleted or replaced since it was read.
     pub fn is_retired(&self) -> bool {
         self.retired.load(Ordering::SeqCst)
@@ -305,6 +481,7 @@ impl Credential {
 pub struct CredentialStore {
     key: Arc<MasterKey>,
     store: Store,
+    minting: Arc<tokens::Minting>,
     by_name: RwLock<HashMap<(String, String), Arc<Credential>>>,
     /// Serialises writes (database row and cache entry together), so the cache can never
     /// end up holding what the database does not: writes are rare, reads never wait on it.
@@ -326,6 +503,7 @@ impl CredentialStore {
         declared: &[CredentialConfig],
     ) -> Result<CredentialStore, CredentialError> {
         let credentials = CredentialStore {
+            minting: Arc::new(tokens::Minting::new(store.clone(), key.clone())),
             key,
             store,
             by_name: RwLock::new(HashMap::new()),
@@ -343,6 +521,12 @@ impl CredentialStore {
 
     pub fn key(&self) -> &MasterKey {
         &self.key
+    }
+
+    /// The HTTP client token endpoints (OAuth2, GitHub) are reached with; without one,
+    /// minted credentials answer 503 `credential_unavailable`.
+    pub fn enable_minting(&self, http: reqwest::Client) {
+        self.minting.set_http(http);
     }
 
     /// Brings one cached credential in line with the store, after another replica wrote
@@ -402,7 +586,7 @@ impl CredentialStore {
                 return Ok(false);
             }
         }
-        self.cache(meta, secret, row.version, true);
+        self.cache(meta, secret, row.version, true)?;
         Ok(true)
     }
 
@@ -422,29 +606,47 @@ impl CredentialStore {
         }
     }
 
-    fn insert_cached(&self, meta: CredentialMeta, secret: Secret, version: i64) {
+    fn insert_cached(
+        &self,
+        meta: CredentialMeta,
+        secret: Secret,
+        version: i64,
+    ) -> Result<(), CredentialError> {
         self.cache(meta, secret, version, false)
     }
 
     /// `force`: replace whatever version is cached (the row was read from the store under
     /// the write lock); otherwise an entry never goes backwards.
-    fn cache(&self, meta: CredentialMeta, secret: Secret, version: i64, force: bool) {
+    fn cache(
+        &self,
+        meta: CredentialMeta,
+        secret: Secret,
+        version: i64,
+        force: bool,
+    ) -> Result<(), CredentialError> {
         let key = (meta.workspace.clone(), meta.name.clone());
         let policy_value = regorus::Value::from(serde_json::json!({
             "name": meta.name, "workspace": meta.workspace, "user": meta.user,
-            "destinations": meta.destinations,
+            "destinations": meta.destinations, "type": meta.apply.kind(),
         }));
+        let parsed =
+            parse_secret(&meta.apply, &secret).map_err(|message| CredentialError::Invalid {
+                field: format!("stored credential {}/{} secret", meta.workspace, meta.name),
+                message,
+            })?;
         let username = match &meta.apply {
             Apply::Basic { username } => Some(username.as_str()),
             _ => None,
         };
-        let scrubber = Arc::new(scrub::Scrubber::new(&secret, username));
+        let scrubber = Arc::new(scrub::Scrubber::new(parsed.wire_secret(&secret), username));
+        let material = self.material(&meta, version, parsed);
         let credential = Arc::new(Credential {
             meta,
             secret,
             version,
             policy_value,
             scrubber,
+            material,
             retired: AtomicBool::new(false),
         });
         let mut map = self.by_name.write().unwrap_or_else(|e| e.into_inner());
@@ -454,10 +656,59 @@ impl CredentialStore {
                 .is_some_and(|current| current.version > version)
         {
             // A newer version is cached already: an entry never goes backwards.
-            return;
+            return Ok(());
         }
         if let Some(old) = map.insert(key, credential) {
             old.retire();
+        }
+        Ok(())
+    }
+
+    fn material(&self, meta: &CredentialMeta, version: i64, parsed: Parsed) -> Material {
+        let owner = tokens::Owner {
+            workspace: meta.workspace.clone(),
+            name: meta.name.clone(),
+            version,
+        };
+        let source = |minter, refresh_token, basic| {
+            let minting = self.minting.clone();
+            Material::Tokens(Arc::new(tokens::TokenSource::new(
+                minter,
+                owner,
+                minting,
+                refresh_token,
+                basic,
+            )))
+        };
+        match (parsed, &meta.apply) {
+            (Parsed::Static, _) => Material::Static,
+            (Parsed::Aws(keys), _) => Material::Aws(keys),
+            (
+                Parsed::Oauth2(secrets),
+                Apply::Oauth2 {
+                    grant,
+                    token_url,
+                    client_id,
+                    scopes,
+                    client_auth,
+                },
+            ) => {
+                let client = oauth2::Client {
+                    grant: *grant,
+                    token_url: token_url.clone(),
+                    client_id: client_id.clone(),
+                    client_secret: secrets.client_secret,
+                    scopes: scopes.clone(),
+                    client_auth: *client_auth,
+                };
+                source(tokens::Minter::Oauth2(client), secrets.refresh_token, None)
+            }
+            (Parsed::GithubApp(app), _) => source(
+                tokens::Minter::GithubApp(app),
+                None,
+                Some(github::BASIC_USERNAME),
+            ),
+            (Parsed::Oauth2(_), _) => Material::Static,
         }
     }
 
@@ -516,6 +767,10 @@ impl CredentialStore {
                 message: "must not be empty".into(),
             });
         }
+        parse_secret(&meta.apply, &secret).map_err(|message| CredentialError::Invalid {
+            field: "secret".into(),
+            message,
+        })?;
         let sealed = self.key.seal(&secret, &meta.seal_context())?;
         let meta_json = serde_json::to_string(&meta).expect("credential metadata serializes");
         let version = if upsert {
@@ -534,7 +789,7 @@ impl CredentialStore {
                 name: meta.name.clone(),
             })?
         };
-        self.insert_cached(meta.clone(), secret, version);
+        self.insert_cached(meta.clone(), secret, version)?;
         Ok(meta)
     }
 
@@ -542,6 +797,10 @@ impl CredentialStore {
         let _write = self.writes.lock().await;
         let removed = self.store.delete_credential(workspace, name).await?;
         self.forget(workspace, name);
+        // A rotated refresh token outlives nothing it belonged to.
+        self.store
+            .delete_store_secret(&tokens::rotated_refresh_token_name(workspace, name))
+            .await?;
         if !removed {
             return Err(CredentialError::NotFound {
                 workspace: workspace.into(),

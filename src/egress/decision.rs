@@ -27,6 +27,7 @@ pub(crate) struct Outcome {
     pub reasons: Vec<String>,
     pub action: Option<String>,
     pub credentials: Vec<String>,
+    pub credential_types: Vec<&'static str>,
     pub generation: u64,
 }
 
@@ -48,6 +49,7 @@ impl Outcome {
             reasons: Vec::new(),
             action: None,
             credentials: Vec::new(),
+            credential_types: Vec::new(),
             generation: 0,
         }
     }
@@ -109,6 +111,7 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
         reasons: outcome.reasons.into_iter().map(loggable).collect(),
         action: outcome.action,
         credentials: outcome.credentials,
+        credential_types: outcome.credential_types,
         policy_generation: outcome.generation,
         latency_us: latency.as_micros() as u64,
     });
@@ -155,6 +158,7 @@ pub(crate) fn record_unidentified(
         reasons: vec!["missing or invalid proxy credentials".into()],
         action: None,
         credentials: Vec::new(),
+        credential_types: Vec::new(),
         policy_generation: state.policy.generation(),
         latency_us: started.elapsed().as_micros() as u64,
     });

@@ -27,8 +27,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode, Version};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpInfo;
 use serde_json::json;
@@ -44,7 +45,9 @@ use super::state::EgressState;
 use super::target::Target;
 use super::upstream::UpstreamPair;
 use super::websocket;
-use crate::credentials::apply::{apply, credentialed_destination, Applied, RequestView};
+use crate::credentials::apply::{
+    apply, credentialed_destination, Applied, AwsSigning, RequestView,
+};
 use crate::credentials::scrub::scrub_headers;
 use crate::error::ErrorReply;
 use crate::policy::input::{
@@ -188,7 +191,7 @@ async fn run(ctx: &mut Ctx, mut req: Request<Incoming>) -> Phase<Response<ProxyB
     // An h2 WebSocket is the HTTP/1.1 handshake it stands for from here on, so credentials
     // see the method that is forwarded.
     let ws_key = h2.then(|| websocket::to_h1_handshake(&mut parts));
-    let applied = credentials(ctx, &mut parts, destination)?;
+    let applied = credentials(ctx, &mut parts, destination).await?;
     let upstream = upstream_request(ctx, parts, body, &vetted, &upgrade, &applied).await?;
     ctx.record();
     response(ctx, upstream, applied, upgrade, ws_key)
@@ -257,7 +260,7 @@ async fn resolve(ctx: &mut Ctx) -> Phase<Arc<Vetted>> {
 }
 
 /// Phase 4.
-fn credentials(
+async fn credentials(
     ctx: &mut Ctx,
     parts: &mut http::request::Parts,
     destination: regorus::Value,
@@ -285,8 +288,10 @@ fn credentials(
         &mut parts.headers,
         &mut ctx.path,
     )
+    .await
     .map_err(Stop::deny)?;
     ctx.outcome.credentials = applied.names.clone();
+    ctx.outcome.credential_types = applied.types.clone();
     if identity.is_revoked() {
         return Err(Stop::deny(sandbox_inactive(&identity.id)));
     }
@@ -334,6 +339,10 @@ async fn upstream_request(
         })?;
     let websocket = upgrade.is_some();
     strip_hop_by_hop(&mut parts.headers, websocket);
+    let body = match &applied.aws {
+        Some(signing) => sign_aws(ctx, &mut parts, body, signing).await?,
+        None => Either::Left(body),
+    };
     // The client sets Host (h1) or :authority (h2) from the URI, which is the vetted target.
     parts.headers.remove(header::HOST);
     parts.version = Version::HTTP_11;
@@ -387,6 +396,77 @@ async fn upstream_request(
         ctx.outcome.ip = Some(info.remote_addr().ip());
     }
     Ok(response)
+}
+
+/// The largest body hashed for an AWS signature that covers it (services other than S3
+/// sign the body itself); a larger one is refused rather than held in memory.
+const MAX_SIGNED_BODY: usize = 16 * 1024 * 1024;
+
+/// Phase 5, for a request an AWS credential applies to: signs it again with the real key
+/// for the URI and headers it is forwarded with. When the signature must cover the body,
+/// the body (at most [`MAX_SIGNED_BODY`]) is read and hashed first.
+async fn sign_aws(
+    ctx: &Ctx,
+    parts: &mut http::request::Parts,
+    body: Incoming,
+    signing: &AwsSigning,
+) -> Phase<Either<Incoming, Full<Bytes>>> {
+    let (body, hash) = if signing.needs_body_hash() {
+        let collected = http_body_util::Limited::new(body, MAX_SIGNED_BODY)
+            .collect()
+            .await
+            .map_err(|e| Stop::deny(signed_body_error(&ctx.target, e)))?;
+        if collected
+            .trailers()
+            .is_some_and(crate::credentials::apply::trailers_mention_placeholder)
+        {
+            return Err(Stop::deny(ErrorReply::new(
+                StatusCode::FORBIDDEN,
+                "credential_destination_mismatch",
+                "the request's trailers carry a credential placeholder; it was not forwarded",
+            )));
+        }
+        let bytes = collected.to_bytes();
+        let hash = hex::encode(ring::digest::digest(&ring::digest::SHA256, &bytes));
+        (Either::Right(Full::new(bytes)), Some(hash))
+    } else {
+        (Either::Left(body), None)
+    };
+    let host_header = match ctx.target.port {
+        443 => ctx.target.authority.trim_end_matches(":443").to_string(),
+        _ => ctx.target.authority.clone(),
+    };
+    let uri = parts.uri.to_string();
+    signing
+        .sign(
+            &parts.method,
+            &mut parts.headers,
+            &uri,
+            &host_header,
+            hash.as_deref(),
+        )
+        .map_err(Stop::deny)?;
+    Ok(body)
+}
+
+fn signed_body_error(target: &Target, e: BoxError) -> ErrorReply {
+    let too_large = e.is::<http_body_util::LengthLimitError>();
+    let (status, code, message) = match too_large {
+        true => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "aws_body_too_large",
+            format!(
+                "the body is larger than {MAX_SIGNED_BODY} bytes: an AWS signature that covers the body is computed over the whole of it; use a payload the service accepts unsigned (S3: UNSIGNED-PAYLOAD)"
+            ),
+        ),
+        false => (
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("the request body could not be read: {e}"),
+        ),
+    };
+    ErrorReply::new(status, code, message)
+        .with_details(json!({"host": target.host, "port": target.port}))
 }
 
 /// What a request whose trailers carry a placeholder leaves in the decision log.

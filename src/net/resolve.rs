@@ -99,6 +99,25 @@ impl Resolver {
     }
 }
 
+/// The gateway's own HTTP clients (token endpoints) resolve through the [`Resolver`] too:
+/// `[dns] hosts` applies to them, and an address a sandbox could not reach is refused, so a
+/// credential's `token_url` cannot point sandgate at the metadata service or a private
+/// network the proxy itself keeps sandboxes out of.
+pub struct VettedDns(pub Arc<Resolver>);
+
+impl reqwest::dns::Resolve for VettedDns {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let resolver = self.0.clone();
+        Box::pin(async move {
+            // The port is the URL's, set by the client afterwards; addresses are vetted as
+            // HTTPS ones.
+            let ips = resolver.resolve(name.as_str(), 443).await?;
+            let addrs: Vec<SocketAddr> = ips.iter().map(|ip| SocketAddr::new(*ip, 0)).collect();
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

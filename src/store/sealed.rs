@@ -38,6 +38,30 @@ impl Store {
         Ok(inserted > 0)
     }
 
+    /// Stores a deployment secret, replacing one of that name.
+    pub async fn put_store_secret(&self, name: &str, sealed: &[u8]) -> Result<(), StoreError> {
+        const SQL: &str = "INSERT INTO store_secrets (name, sealed) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE SET sealed = excluded.sealed";
+        with_pool!(self, pool => sqlx::query(SQL)
+            .bind(name)
+            .bind(sealed)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+
+    /// Removes a deployment secret (absent is fine).
+    pub async fn delete_store_secret(&self, name: &str) -> Result<(), StoreError> {
+        const SQL: &str = "DELETE FROM store_secrets WHERE name = $1";
+        with_pool!(self, pool => sqlx::query(SQL)
+            .bind(name)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+
     /// Every sandbox's sealed egress token: `(id, sealed)`.
     pub async fn sealed_tokens(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         const SQL: &str = "SELECT id, token_sealed FROM sandboxes ORDER BY id";

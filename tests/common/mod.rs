@@ -118,6 +118,24 @@ impl TestCa {
         }
     }
 
+    /// A server certificate for `names` and its key as PEM files in the CA's directory,
+    /// for origins that are not Rust (the Python fakes in `tests/fixtures`).
+    pub fn server_pem(&self, names: &[&str]) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.subject_alt_names = names
+            .iter()
+            .map(|n| SanType::DnsName((*n).try_into().unwrap()))
+            .collect();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let stem = names.first().copied().unwrap_or("server");
+        let cert_path = self.dir.path().join(format!("{stem}.crt"));
+        let key_path = self.dir.path().join(format!("{stem}.key"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+
     pub fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -309,6 +327,34 @@ async fn origin_handle(
 }
 
 /// A TCP echo server (for opaque tunnels).
+/// Serves `router` over TLS on an ephemeral loopback port (the token endpoint fakes).
+pub async fn serve_router(router: axum::Router, tls: Arc<rustls::ServerConfig>) -> SocketAddr {
+    use tower_service::Service as _;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (router, tls) = (router.clone(), tls.clone());
+            tokio::spawn(async move {
+                let Ok(stream) = tokio_rustls::TlsAcceptor::from(tls).accept(stream).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let mut router = router.clone();
+                    async move { router.call(req.map(axum::body::Body::new)).await }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
 pub async fn start_tcp_echo() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
