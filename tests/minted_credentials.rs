@@ -1,0 +1,875 @@
+//! Credentials whose applied value sandgate mints: OAuth2 access tokens (client credentials
+//! and refresh token grants) and GitHub App installation tokens. Real sockets throughout:
+//! the token endpoint is an HTTPS fake the gateway reaches through its own resolver, the
+//! origin records what reaches it, the sandbox is a reqwest client (or `git`) through the
+//! proxy trusting only sandgate's CA. Everything the gateway logs through `tracing` is
+//! captured, and each test ends by checking that no log line, decision record, metric or API
+//! answer holds a secret or a token.
+
+mod common;
+
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::IntoResponse;
+use base64::Engine as _;
+use common::*;
+
+const CLIENT_ID: &str = "client-7c1d";
+const CLIENT_SECRET: &str = "cs3cr3t-0a9f8e7d6c5b";
+const FIRST_REFRESH_TOKEN: &str = "rt-initial-5e4d3c2b1a";
+
+/// Everything `tracing` wrote in this test binary.
+fn captured_logs() -> &'static Mutex<Vec<u8>> {
+    static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
+    LOGS.get_or_init(Default::default)
+}
+
+struct Capture;
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        captured_logs().lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn capture_logs() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("sandgate=debug")
+            .with_writer(|| Capture)
+            .with_ansi(false)
+            .try_init();
+    });
+}
+
+/// The OAuth2 token endpoint fake: issues tokens that live `ttl_secs`, counts calls, can
+/// answer 503 a number of times or refuse the grant, and rotates refresh tokens.
+#[derive(Default)]
+struct TokenEndpoint {
+    calls: AtomicUsize,
+    ttl_secs: AtomicU64,
+    fail_next: AtomicUsize,
+    refuse: AtomicBool,
+    /// The refresh token the next refresh must present (rotated on each use).
+    refresh_token: Mutex<String>,
+    issued: Mutex<Vec<String>>,
+    refresh_tokens_issued: Mutex<Vec<String>>,
+    /// `(grant_type, client authenticated)` of each call.
+    grants: Mutex<Vec<(String, bool)>>,
+}
+
+impl TokenEndpoint {
+    fn new(ttl_secs: u64) -> Arc<TokenEndpoint> {
+        let endpoint = TokenEndpoint::default();
+        endpoint.ttl_secs.store(ttl_secs, Ordering::SeqCst);
+        *endpoint.refresh_token.lock().unwrap() = FIRST_REFRESH_TOKEN.into();
+        Arc::new(endpoint)
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn last_issued(&self) -> String {
+        self.issued
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+async fn token(
+    State(endpoint): State<Arc<TokenEndpoint>>,
+    headers: http::HeaderMap,
+    body: bytes::Bytes,
+) -> axum::response::Response {
+    let n = endpoint.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    let form: std::collections::HashMap<String, String> =
+        url::form_urlencoded::parse(&body).into_owned().collect();
+    let expected = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{CLIENT_ID}:{CLIENT_SECRET}"))
+    );
+    let authenticated = headers
+        .get(http::header::AUTHORIZATION)
+        .is_some_and(|v| v.as_bytes() == expected.as_bytes());
+    let grant = form.get("grant_type").cloned().unwrap_or_default();
+    endpoint
+        .grants
+        .lock()
+        .unwrap()
+        .push((grant.clone(), authenticated));
+    let oauth_error = |status: u16, error: &str| {
+        let body = serde_json::json!({"error": error, "error_description": format!("call {n}")});
+        (
+            http::StatusCode::from_u16(status).unwrap(),
+            axum::Json(body),
+        )
+            .into_response()
+    };
+    if endpoint
+        .fail_next
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
+        .is_ok()
+    {
+        return oauth_error(503, "temporarily_unavailable");
+    }
+    if !authenticated {
+        return oauth_error(401, "invalid_client");
+    }
+    if endpoint.refuse.load(Ordering::SeqCst) {
+        return oauth_error(400, "invalid_grant");
+    }
+    let mut answer = serde_json::json!({
+        "token_type": "Bearer",
+        "expires_in": endpoint.ttl_secs.load(Ordering::SeqCst),
+    });
+    match grant.as_str() {
+        "client_credentials" => {}
+        "refresh_token" => {
+            let mut current = endpoint.refresh_token.lock().unwrap();
+            if form.get("refresh_token") != Some(&*current) {
+                return oauth_error(400, "invalid_grant");
+            }
+            let rotated = format!("rt-rotated-{n}-{:08x}", rand_u32());
+            *current = rotated.clone();
+            endpoint
+                .refresh_tokens_issued
+                .lock()
+                .unwrap()
+                .push(rotated.clone());
+            answer["refresh_token"] = rotated.into();
+        }
+        _ => return oauth_error(400, "unsupported_grant_type"),
+    }
+    let access = format!("at-{n}-{:08x}", rand_u32());
+    endpoint.issued.lock().unwrap().push(access.clone());
+    answer["access_token"] = access.into();
+    axum::Json(answer).into_response()
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    );
+    h.finish() as u32
+}
+
+struct Setup {
+    name: &'static str,
+    gw: Gateway,
+    origin: Origin,
+    endpoint: Arc<TokenEndpoint>,
+    _ca: TestCa,
+    _secrets: tempfile::TempDir,
+}
+
+/// A gateway with one OAuth2 credential `name` (of `grant`) bound to sandbox `sb-a` for
+/// `api.oauth.test`, whose tokens come from the fake at `auth.oauth.test`.
+async fn setup(name: &'static str, grant: &str, secret: &str, ttl_secs: u64) -> Setup {
+    capture_logs();
+    init();
+    let ca = TestCa::new();
+    let origin = start_origin(Some(ca.server_config(&["api.oauth.test"]))).await;
+    let endpoint = TokenEndpoint::new(ttl_secs);
+    let router = axum::Router::new()
+        .route("/oauth/token", axum::routing::post(token))
+        .with_state(endpoint.clone());
+    let auth = serve_router(router, ca.server_config(&["auth.oauth.test"])).await;
+    let secrets = tempfile::tempdir().unwrap();
+    let secret_file = secrets.path().join("api");
+    std::fs::write(&secret_file, secret).unwrap();
+    let extra_toml = format!(
+        r#"{ADMIN_TOML}
+[[credentials]]
+workspace = "ws-a"
+name = "{name}"
+secret_file = {secret_file:?}
+placeholder_env = "API_TOKEN"
+destinations = [{{ host = "api.oauth.test", ports = [{port}] }}]
+apply = {{ type = "oauth2", grant = "{grant}", token_url = "https://auth.oauth.test:{auth_port}/oauth/token", client_id = "{CLIENT_ID}", scopes = ["read", "write"] }}
+"#,
+        secret_file = secret_file.display().to_string(),
+        port = origin.port(),
+        auth_port = auth.port(),
+    );
+    let gw = Gateway::start(GatewayOptions {
+        identities: vec![IdentitySpec {
+            id: "sb-a",
+            workspace: "ws-a",
+            allow_domains: vec!["api.oauth.test"],
+            credentials: vec![name],
+        }],
+        hosts: vec![
+            ("api.oauth.test", "127.0.0.1"),
+            ("auth.oauth.test", "127.0.0.1"),
+        ],
+        upstream_ca: Some(ca.pem_path.clone()),
+        extra_toml,
+        ..Default::default()
+    })
+    .await;
+    Setup {
+        name,
+        gw,
+        origin,
+        endpoint,
+        _ca: ca,
+        _secrets: secrets,
+    }
+}
+
+impl Setup {
+    fn url(&self) -> String {
+        format!("https://api.oauth.test:{}/v1/things", self.origin.port())
+    }
+
+    async fn get(&self, client: &reqwest::Client) -> (u16, serde_json::Value) {
+        let response = client.get(self.url()).send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or_default())
+    }
+
+    /// The bearer token the origin saw on the last request.
+    fn last_bearer(&self) -> String {
+        let seen = self.origin.last().unwrap();
+        seen.headers["authorization"]
+            .strip_prefix("Bearer ")
+            .unwrap()
+            .to_string()
+    }
+
+    async fn credential_view(&self) -> serde_json::Value {
+        reqwest::Client::new()
+            .get(
+                self.gw
+                    .api(&format!("/v1/workspaces/ws-a/credentials/{}", self.name)),
+            )
+            .bearer_auth(admin_token(&self.gw))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn metrics(&self) -> String {
+        reqwest::Client::new()
+            .get(self.gw.api("/metrics"))
+            .bearer_auth(admin_token(&self.gw))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// No secret, access token or refresh token in any log line, decision record, metric
+    /// or API answer.
+    async fn assert_no_secret_leaked(&self, extra: &[String]) {
+        let mut secrets: Vec<String> = vec![CLIENT_SECRET.into(), FIRST_REFRESH_TOKEN.into()];
+        secrets.extend(self.endpoint.issued.lock().unwrap().iter().cloned());
+        secrets.extend(
+            self.endpoint
+                .refresh_tokens_issued
+                .lock()
+                .unwrap()
+                .iter()
+                .cloned(),
+        );
+        secrets.extend(extra.iter().cloned());
+        let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).into_owned();
+        let decisions = std::fs::read_to_string(&self.gw.decision_log).unwrap_or_default();
+        let view = self.credential_view().await.to_string();
+        let list = reqwest::Client::new()
+            .get(self.gw.api("/v1/workspaces/ws-a/credentials"))
+            .bearer_auth(admin_token(&self.gw))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let metrics = self.metrics().await;
+        for secret in secrets.iter().filter(|s| !s.is_empty()) {
+            for (what, text) in [
+                ("a log line", &logs),
+                ("the decision log", &decisions),
+                ("the credential's API view", &view),
+                ("the credential list", &list),
+                ("the metrics", &metrics),
+            ] {
+                assert!(!text.contains(secret.as_str()), "{what} holds a secret");
+            }
+        }
+        assert!(
+            !logs.is_empty(),
+            "nothing was captured: the check would prove nothing"
+        );
+    }
+}
+
+/// The API token of workspace `ws-a`'s admin (see [`ADMIN_TOML`]).
+fn admin_token(_gw: &Gateway) -> &'static str {
+    ADMIN
+}
+
+const ADMIN: &str = "api-token-ws-a-0123456789";
+const ADMIN_TOML: &str = r#"
+[[api.tokens]]
+token = "api-token-ws-a-0123456789"
+principal = "alice"
+workspace = "ws-a"
+"#;
+
+#[tokio::test]
+async fn client_credentials_token_is_cached_refreshed_early_and_once_for_fifty() {
+    let s = setup("cached", "client_credentials", CLIENT_SECRET, 8).await;
+    let ok_before = refresh_count(&s.metrics().await, "ok");
+    let client = s.gw.client("sb-a", false);
+
+    let (status, _) = s.get(&client).await;
+    assert_eq!(status, 200);
+    assert_eq!(s.endpoint.calls(), 1);
+    let first = s.endpoint.last_issued();
+    assert_eq!(s.last_bearer(), first, "the origin gets the minted token");
+    assert_eq!(
+        s.endpoint.grants.lock().unwrap()[0],
+        ("client_credentials".to_string(), true)
+    );
+    let (status, _) = s.get(&client).await;
+    assert_eq!(status, 200);
+    assert_eq!(s.endpoint.calls(), 1, "a fresh token is reused");
+
+    // In the last quarter of its life the token is still used, and refreshed behind it.
+    tokio::time::sleep(Duration::from_millis(6300)).await;
+    let (status, _) = s.get(&client).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        s.last_bearer(),
+        first,
+        "still the old token: it has not expired"
+    );
+    for _ in 0..100 {
+        if s.endpoint.calls() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.endpoint.calls(), 2, "one background refresh");
+    let second = s.endpoint.last_issued();
+    let (status, _) = s.get(&client).await;
+    assert_eq!(status, 200);
+    assert_eq!(s.last_bearer(), second);
+
+    // Past expiry, fifty concurrent requests cause one refresh between them.
+    tokio::time::sleep(Duration::from_millis(8200)).await;
+    let before = s.origin.count();
+    let requests = (0..50).map(|_| {
+        let client = client.clone();
+        let url = s.url();
+        async move { client.get(url).send().await.unwrap().status().as_u16() }
+    });
+    let statuses = futures_util::future::join_all(requests).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert_eq!(
+        s.endpoint.calls(),
+        3,
+        "fifty requests at expiry, one refresh"
+    );
+    let third = s.endpoint.last_issued();
+    let seen = s.origin.seen.lock().unwrap()[before..].to_vec();
+    assert_eq!(seen.len(), 50);
+    assert!(seen
+        .iter()
+        .all(|r| r.headers["authorization"] == format!("Bearer {third}")));
+
+    let view = s.credential_view().await;
+    assert_eq!(view["type"], "oauth2");
+    assert_eq!(view["token"]["last_refresh_outcome"], "ok");
+    assert_eq!(view["token"]["refreshes"], 3);
+    assert!(view["token"]["expires_at"].as_str().unwrap().ends_with('Z'));
+    // Metrics are the process's: other tests of this binary refresh too.
+    let metrics = s.metrics().await;
+    assert!(refresh_count(&metrics, "ok") >= ok_before + 3, "{metrics}");
+    assert!(
+        metrics.contains(
+            r#"sandgate_credential_applied_total{workspace="ws-a",credential="cached"} 54"#
+        ),
+        "{metrics}"
+    );
+    let records = s.gw.decisions(54).await;
+    let applied = records
+        .iter()
+        .find(|r| r["credentials"][0] == "cached")
+        .unwrap();
+    assert_eq!(applied["credential_types"][0], "oauth2");
+    s.assert_no_secret_leaked(&[]).await;
+}
+
+#[tokio::test]
+async fn a_rotated_refresh_token_is_used_next_and_kept_sealed() {
+    let secret = serde_json::json!({
+        "client_secret": CLIENT_SECRET, "refresh_token": FIRST_REFRESH_TOKEN,
+    })
+    .to_string();
+    let s = setup("rotating", "refresh_token", &secret, 1).await;
+    let client = s.gw.client("sb-a", false);
+    for round in 1..=3 {
+        let (status, body) = s.get(&client).await;
+        assert_eq!(status, 200, "round {round}: {body}");
+        assert_eq!(s.last_bearer(), s.endpoint.last_issued());
+        assert_eq!(s.endpoint.calls(), round);
+        // Each refresh presented the token the previous one rotated to (the fake refuses
+        // any other with invalid_grant).
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let grants = s.endpoint.grants.lock().unwrap().clone();
+    assert!(grants
+        .iter()
+        .all(|g| g == &("refresh_token".to_string(), true)));
+
+    // The newest refresh token is in the store, sealed: the row exists, the token is not
+    // in the database file in the clear.
+    let newest = s
+        .endpoint
+        .refresh_tokens_issued
+        .lock()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    let db = s.gw.dir.path().join("data/sandgate.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    let rows: Vec<(String, Vec<u8>)> =
+        sqlx::query_as("SELECT name, sealed FROM store_secrets WHERE name LIKE 'oauth2%'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].0, "oauth2-refresh-token/ws-a/rotating");
+    assert!(!String::from_utf8_lossy(&rows[0].1).contains(&newest));
+    pool.close().await;
+    let file = std::fs::read(&db).unwrap();
+    assert!(!String::from_utf8_lossy(&file).contains(&newest));
+    s.assert_no_secret_leaked(&[]).await;
+}
+
+#[tokio::test]
+async fn invalid_grant_ends_the_credential_and_server_errors_are_retried() {
+    let s = setup("ending", "client_credentials", CLIENT_SECRET, 1).await;
+    let client = s.gw.client("sb-a", false);
+    let transient_before = refresh_count(&s.metrics().await, "transient_error");
+
+    // Two 503s, then a token: the request waits through the backoff and succeeds.
+    s.endpoint.fail_next.store(2, Ordering::SeqCst);
+    let (status, body) = s.get(&client).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(s.endpoint.calls(), 3);
+    let metrics = s.metrics().await;
+    assert_eq!(
+        refresh_count(&metrics, "transient_error"),
+        transient_before + 2,
+        "{metrics}"
+    );
+
+    // Failing throughout: 503 credential_unavailable, and the next request tries again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    s.endpoint.fail_next.store(100, Ordering::SeqCst);
+    let (status, body) = s.get(&client).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "credential_unavailable", "{body}");
+    s.endpoint.fail_next.store(0, Ordering::SeqCst);
+
+    // invalid_grant: 403, the credential ends, and no further call reaches the endpoint.
+    s.endpoint.refuse.store(true, Ordering::SeqCst);
+    let (status, body) = s.get(&client).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "credential_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("invalid_grant"), "{message}");
+    assert!(message.contains("\"ending\""), "{message}");
+    let calls = s.endpoint.calls();
+    let (status, _) = s.get(&client).await;
+    assert_eq!(status, 403);
+    assert_eq!(
+        s.endpoint.calls(),
+        calls,
+        "an ended credential asks no more"
+    );
+    let view = s.credential_view().await;
+    assert_eq!(view["token"]["ended"], true, "{view}");
+    assert_eq!(view["token"]["last_refresh_outcome"], "rejected");
+    assert!(view["token"]["last_refresh_error"]
+        .as_str()
+        .unwrap()
+        .contains("invalid_grant"));
+    let refused =
+        s.gw.decisions(1)
+            .await
+            .into_iter()
+            .filter(|r| r["code"] == "credential_unavailable")
+            .count();
+    assert!(refused >= 2);
+
+    // Replacing the credential (a new secret) starts it again.
+    s.endpoint.refuse.store(false, Ordering::SeqCst);
+    let replaced = reqwest::Client::new()
+        .put(s.gw.api("/v1/workspaces/ws-a/credentials/ending"))
+        .bearer_auth(admin_token(&s.gw))
+        .json(&serde_json::json!({
+            "secret": CLIENT_SECRET,
+            "destinations": [{"host": "api.oauth.test", "ports": [s.origin.port()]}],
+            "apply": s.credential_view().await["apply"],
+            "placeholder_env": "API_TOKEN",
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replaced.status(), 200, "{}", replaced.text().await.unwrap());
+    let (status, _) = s.get(&client).await;
+    assert_eq!(status, 200);
+    s.assert_no_secret_leaked(&[]).await;
+}
+
+#[tokio::test]
+async fn a_secret_that_does_not_fit_the_grant_is_refused_without_being_quoted() {
+    let s = setup("checked", "client_credentials", CLIENT_SECRET, 60).await;
+    let response = reqwest::Client::new()
+        .post(s.gw.api("/v1/workspaces/ws-a/credentials"))
+        .bearer_auth(admin_token(&s.gw))
+        .json(&serde_json::json!({
+            "name": "rt",
+            "secret": "{\"client_secret\": \"only-this-s3cr3t\"}",
+            "destinations": [{"host": "api.oauth.test"}],
+            "apply": {"type": "oauth2", "grant": "refresh_token",
+                      "token_url": "https://auth.oauth.test/oauth/token", "client_id": "c"},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let text = response.text().await.unwrap();
+    assert!(text.contains("refresh token"), "{text}");
+    assert!(!text.contains("only-this-s3cr3t"));
+    let http_url = reqwest::Client::new()
+        .post(s.gw.api("/v1/workspaces/ws-a/credentials"))
+        .bearer_auth(admin_token(&s.gw))
+        .json(&serde_json::json!({
+            "name": "plain", "secret": "x",
+            "destinations": [{"host": "api.oauth.test"}],
+            "apply": {"type": "oauth2", "grant": "client_credentials",
+                      "token_url": "http://auth.oauth.test/oauth/token", "client_id": "c"},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(http_url.status(), 400);
+    assert!(http_url.text().await.unwrap().contains("apply.token_url"));
+}
+
+/// The GitHub App: an RSA key made for the test, the fake GitHub (`tests/fixtures`) that
+/// verifies the App's JWT with the public key and serves a private repository over git's
+/// smart HTTP, and `git clone` from the sandbox side with no token anywhere in it.
+#[tokio::test]
+async fn github_app_token_reaches_the_api_and_git_clone_works_without_a_token_inside() {
+    capture_logs();
+    init();
+    let python = sdk::python();
+    for module in ["jwt", "cryptography"] {
+        if let Some(why) = sdk::missing(&python, module) {
+            assert!(!in_ci(), "{why}");
+            eprintln!("skipping outside CI: {why}");
+            return;
+        }
+    }
+    let Some(git) = which("git") else {
+        assert!(!in_ci(), "git is not installed");
+        eprintln!("skipping outside CI: no git");
+        return;
+    };
+    let ca = TestCa::new();
+    let work = tempfile::tempdir().unwrap();
+    let (private_key, public_key) = rsa_key_pair(&python, work.path());
+    let repos = work.path().join("repos");
+    make_repo(&git, &repos.join("acme/private.git"), work.path());
+
+    let (cert, key) = ca.server_pem(&["api.github.test", "github.test"]);
+    let port_file = work.path().join("port");
+    let fake_log = work.path().join("github.jsonl");
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/github_fake.py");
+    let mut fake = ChildGuard(
+        std::process::Command::new(&python)
+            .arg(fixture)
+            .args(["--cert", &path(&cert), "--key", &path(&key)])
+            .args(["--port-file", &path(&port_file)])
+            .args(["--app-id", "424242", "--installation-id", "9001"])
+            .args(["--public-key", &path(&public_key), "--repos", &path(&repos)])
+            .args(["--token-ttl", "3600", "--log", &path(&fake_log)])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let port = wait_port(&port_file, &mut fake.0).await;
+
+    let extra_toml = format!(
+        r#"{ADMIN_TOML}
+[[credentials]]
+workspace = "ws-a"
+name = "gh"
+secret_file = {private_key:?}
+placeholder_env = "GITHUB_TOKEN"
+destinations = [{{ host = "api.github.test", ports = [{port}] }}, {{ host = "github.test", ports = [{port}] }}]
+apply = {{ type = "github_app", app_id = 424242, installation_id = 9001, api_url = "https://api.github.test:{port}" }}
+"#,
+        private_key = path(&private_key),
+    );
+    let gw = Gateway::start(GatewayOptions {
+        identities: vec![IdentitySpec {
+            id: "sb-a",
+            workspace: "ws-a",
+            allow_domains: vec!["api.github.test", "github.test"],
+            credentials: vec!["gh"],
+        }],
+        hosts: vec![
+            ("api.github.test", "127.0.0.1"),
+            ("github.test", "127.0.0.1"),
+        ],
+        upstream_ca: Some(ca.pem_path.clone()),
+        extra_toml,
+        ..Default::default()
+    })
+    .await;
+
+    // The API, with the sandbox's placeholder as its token (replaced by the real one).
+    let env: serde_json::Value = reqwest::Client::new()
+        .get(gw.api("/v1/identities/sb-a/env"))
+        .bearer_auth(admin_token(&gw))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let placeholder = env["env"]["GITHUB_TOKEN"].as_str().unwrap().to_string();
+    let client = gw.client("sb-a", true);
+    let repo: serde_json::Value = client
+        .get(format!("https://api.github.test:{port}/repos/acme/private"))
+        .bearer_auth(&placeholder)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(repo["full_name"], "acme/private", "{repo}");
+
+    // git clone through the proxy, trusting sandgate's CA, with no credential at all.
+    let ca_file = work.path().join("sandgate-ca.pem");
+    std::fs::write(&ca_file, &gw.sandgate_ca_pem).unwrap();
+    let clone_dir = work.path().join("clone");
+    let proxy = gw.proxy_url("sb-a", TOKEN);
+    let git_path = git.clone();
+    let url = format!("https://github.test:{port}/acme/private.git");
+    let (clone_dir2, ca_file2) = (clone_dir.clone(), ca_file.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(git_path)
+            .args(["clone", "--quiet", &url, &path(&clone_dir2)])
+            .env("HTTPS_PROXY", &proxy)
+            .env("GIT_SSL_CAINFO", &ca_file2)
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", clone_dir2.parent().unwrap())
+            .env_remove("GIT_ASKPASS")
+            .env_remove("SSH_ASKPASS")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "git clone failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let readme = std::fs::read_to_string(clone_dir.join("README.md")).unwrap();
+    assert_eq!(readme, "private contents\n");
+    let config = std::fs::read_to_string(clone_dir.join(".git/config")).unwrap();
+    assert!(!config.contains("ghs_"), "no token was stored by git");
+
+    // The fake saw the JWT exchange once and every git request authenticated by Basic.
+    let log: Vec<serde_json::Value> = std::fs::read_to_string(&fake_log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mints = log
+        .iter()
+        .filter(|r| r["path"].as_str().unwrap().ends_with("/access_tokens"))
+        .count();
+    assert_eq!(
+        mints, 1,
+        "one installation token for the API call and the clone"
+    );
+    let git_requests: Vec<&serde_json::Value> = log
+        .iter()
+        .filter(|r| r["path"].as_str().unwrap().starts_with("/acme/private.git"))
+        .collect();
+    assert!(git_requests.len() >= 2, "{log:?}");
+    assert!(git_requests
+        .iter()
+        .all(|r| r["auth_kind"] == "basic" && r["token_ok"] == true));
+    let api = log
+        .iter()
+        .find(|r| r["path"] == "/repos/acme/private")
+        .unwrap();
+    assert_eq!(api["auth_kind"], "bearer");
+
+    let view: serde_json::Value = reqwest::Client::new()
+        .get(gw.api("/v1/workspaces/ws-a/credentials/gh"))
+        .bearer_auth(admin_token(&gw))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["type"], "github_app");
+    assert_eq!(view["token"]["last_refresh_outcome"], "ok");
+    let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).into_owned();
+    let decisions = std::fs::read_to_string(&gw.decision_log).unwrap();
+    let key_body = std::fs::read_to_string(&private_key).unwrap();
+    let key_line = key_body.lines().nth(1).unwrap();
+    for text in [&logs, &decisions, &view.to_string()] {
+        assert!(!text.contains("ghs_"), "an installation token leaked");
+        assert!(!text.contains(key_line), "the App key leaked");
+    }
+}
+
+/// `sandgate_credential_refresh_total{outcome}` in a scrape (0 when absent).
+fn refresh_count(metrics: &str, outcome: &str) -> u64 {
+    let prefix = format!("sandgate_credential_refresh_total{{outcome=\"{outcome}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn path(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+async fn wait_port(port_file: &std::path::Path, child: &mut std::process::Child) -> u16 {
+    for _ in 0..300 {
+        if let Ok(text) = std::fs::read_to_string(port_file) {
+            if let Ok(port) = text.trim().parse() {
+                return port;
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the fake exited with {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the fake did not start");
+}
+
+/// A PKCS#1 RSA key pair as GitHub issues App keys, made with the `cryptography` package.
+fn rsa_key_pair(
+    python: &std::path::Path,
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let private_key = dir.join("app.pem");
+    let public_key = dir.join("app.pub.pem");
+    let script = r#"
+import sys
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+open(sys.argv[1], "wb").write(key.private_bytes(serialization.Encoding.PEM,
+    serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()))
+open(sys.argv[2], "wb").write(key.public_key().public_bytes(serialization.Encoding.PEM,
+    serialization.PublicFormat.SubjectPublicKeyInfo))
+"#;
+    let status = std::process::Command::new(python)
+        .args(["-c", script, &path(&private_key), &path(&public_key)])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    (private_key, public_key)
+}
+
+/// A bare repository with one commit holding `README.md`.
+fn make_repo(git: &std::path::Path, bare: &std::path::Path, scratch: &std::path::Path) {
+    let src = scratch.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let run = |dir: &std::path::Path, args: &[&str]| {
+        let out = std::process::Command::new(git)
+            .current_dir(dir)
+            .args(args)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", scratch)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&src, &["init", "--quiet", "-b", "main"]);
+    std::fs::File::create(src.join("README.md"))
+        .unwrap()
+        .write_all(b"private contents\n")
+        .unwrap();
+    run(&src, &["add", "README.md"]);
+    run(
+        &src,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "--quiet",
+            "-m",
+            "init",
+        ],
+    );
+    std::fs::create_dir_all(bare.parent().unwrap()).unwrap();
+    run(
+        scratch,
+        &["clone", "--quiet", "--bare", &path(&src), &path(bare)],
+    );
+}
