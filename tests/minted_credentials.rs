@@ -632,7 +632,7 @@ async fn github_app_token_reaches_the_api_and_git_clone_works_without_a_token_in
             .spawn()
             .unwrap(),
     );
-    let port = wait_port(&port_file, &mut fake.0).await;
+    let port = wait_port_file(&port_file, &mut fake.0).await;
 
     let extra_toml = format!(
         r#"{ADMIN_TOML}
@@ -777,32 +777,8 @@ fn refresh_count(metrics: &str, outcome: &str) -> u64 {
         .map_or(0, |v| v.trim().parse().unwrap())
 }
 
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn path(p: &std::path::Path) -> String {
     p.display().to_string()
-}
-
-async fn wait_port(port_file: &std::path::Path, child: &mut std::process::Child) -> u16 {
-    for _ in 0..300 {
-        if let Ok(text) = std::fs::read_to_string(port_file) {
-            if let Ok(port) = text.trim().parse() {
-                return port;
-            }
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the fake exited with {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the fake did not start");
 }
 
 /// A PKCS#1 RSA key pair as GitHub issues App keys, made with the `cryptography` package.

@@ -128,6 +128,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn example_policy_tests_pass() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/policies");
+        let report = run(&dir, None).unwrap();
+        assert!(
+            report.results.len() >= 12,
+            "found {} tests",
+            report.results.len()
+        );
+        let failures: Vec<_> = report
+            .results
+            .iter()
+            .filter(|r| r.outcome != Outcome::Pass)
+            .collect();
+        assert!(failures.is_empty(), "{failures:#?}");
+    }
+
+    #[test]
     fn bundled_policy_tests_pass() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
         let report = run(&dir, None).unwrap();

@@ -812,6 +812,39 @@ snapshot_dir = {snaps:?}
     )
 }
 
+/// A child process (a Python fake) killed when dropped.
+pub struct ChildGuard(pub std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A script in `tests/fixtures`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The port a fake wrote to `port_file` once it listens (it writes atomically).
+pub async fn wait_port_file(port_file: &Path, child: &mut std::process::Child) -> u16 {
+    for _ in 0..300 {
+        if let Ok(text) = std::fs::read_to_string(port_file) {
+            if let Ok(port) = text.trim().parse() {
+                return port;
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the fake exited with {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the fake did not start");
+}
+
 pub mod fakes;
 pub mod postgres;
 pub mod sdk;
