@@ -10,7 +10,7 @@ mod common;
 
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -21,35 +21,6 @@ use common::*;
 const CLIENT_ID: &str = "client-7c1d";
 const CLIENT_SECRET: &str = "cs3cr3t-0a9f8e7d6c5b";
 const FIRST_REFRESH_TOKEN: &str = "rt-initial-5e4d3c2b1a";
-
-/// Everything `tracing` wrote in this test binary.
-fn captured_logs() -> &'static Mutex<Vec<u8>> {
-    static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
-    LOGS.get_or_init(Default::default)
-}
-
-struct Capture;
-
-impl std::io::Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        captured_logs().lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn capture_logs() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter("sandgate=debug")
-            .with_writer(|| Capture)
-            .with_ansi(false)
-            .try_init();
-    });
-}
 
 /// The OAuth2 token endpoint fake: issues tokens that live `ttl_secs`, counts calls, can
 /// answer 503 a number of times or refuse the grant, and rotates refresh tokens.

@@ -78,7 +78,7 @@ impl AwsSigning {
 
     /// Signs the request as it will be forwarded to `uri` (`scheme://authority/path`),
     /// replacing the sandbox's signature. `host_header` is the `Host` the HTTP client will
-    /// send for that URI.
+    /// send for that URI. For a signed streaming body, returns what re-signs its chunks.
     pub fn sign(
         &self,
         method: &http::Method,
@@ -86,7 +86,7 @@ impl AwsSigning {
         uri: &str,
         host_header: &str,
         body_sha256: Option<&str>,
-    ) -> Result<(), ErrorReply> {
+    ) -> Result<Option<super::aws_chunked::ChunkResigner>, ErrorReply> {
         let (Apply::AwsSigv4 { service, region }, Material::Aws(keys)) =
             (&self.credential.meta.apply, &self.credential.material)
         else {
@@ -95,7 +95,8 @@ impl AwsSigning {
                 &aws::AwsError::CredentialInvalid("not an aws_sigv4 credential".into()),
             ));
         };
-        aws::resign(
+        let now = std::time::SystemTime::now();
+        let seed = aws::resign(
             headers,
             method,
             uri,
@@ -106,9 +107,15 @@ impl AwsSigning {
             keys,
             service,
             region,
-            std::time::SystemTime::now(),
+            now,
         )
-        .map_err(|e| aws_error(&self.credential, &e))
+        .map_err(|e| aws_error(&self.credential, &e))?;
+        Ok(match self.payload {
+            aws::Payload::StreamingSigned { trailer } => Some(
+                super::aws_chunked::ChunkResigner::new(seed, keys, region, service, now, trailer),
+            ),
+            _ => None,
+        })
     }
 }
 
@@ -307,7 +314,7 @@ async fn write(
         Material::Aws(_) => {
             let signed_by = signed_by.ok_or_else(|| slot_error(view))?;
             let payload = aws::payload_of(headers).map_err(|e| aws_error(credential, &e))?;
-            if matches!(payload, aws::Payload::StreamingSigned) {
+            if matches!(payload, aws::Payload::StreamingSignedEcdsa) {
                 return Err(aws_error(
                     credential,
                     &aws::AwsError::StreamingSignedUnsupported,

@@ -14,9 +14,10 @@
 //!   upstream will take as authenticated.
 //! - Payloads: `UNSIGNED-PAYLOAD`, a hex SHA-256 and `STREAMING-UNSIGNED-PAYLOAD-TRAILER` are
 //!   re-signed as declared; without `x-amz-content-sha256` (non-S3 services) the caller hashes
-//!   the body. Streaming *signed* payloads are refused
-//!   ([`AwsError::StreamingSignedUnsupported`]): every chunk's signature chains from the
-//!   placeholder's seed signature, so they would all have to be re-signed in flight.
+//!   the body. Streaming *signed* payloads (`STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]`)
+//!   are re-signed as declared, and [`resign`] returns the new seed signature the caller
+//!   re-signs every chunk from (`super::aws_chunked`); the SigV4a (ECDSA) streaming forms
+//!   are refused ([`AwsError::StreamingSignedUnsupported`]).
 //! - Only `AWS4-HMAC-SHA256` in the `Authorization` header is understood; SigV4a and presigned
 //!   query strings are not re-signed.
 //! - The signing itself (canonical request, string to sign, HMAC chain) is the `aws-sigv4`
@@ -205,6 +206,9 @@ pub fn parse_authorization(value: &[u8]) -> Result<SignedBy, AwsError> {
     })
 }
 
+const STREAMING_SIGNED: &str = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD";
+const STREAMING_SIGNED_TRAILER: &str = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER";
+
 /// What the client declared about its payload (from `x-amz-content-sha256`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
@@ -214,9 +218,11 @@ pub enum Payload {
     Hash(String),
     /// `STREAMING-UNSIGNED-PAYLOAD-TRAILER`
     StreamingUnsignedTrailer,
-    /// `STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]` or `STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD[-TRAILER]`:
-    /// chunk signatures chain from the seed signature.
-    StreamingSigned,
+    /// `STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]`: chunk signatures chain from the seed
+    /// signature, so the body is re-signed too (`super::aws_chunked`).
+    StreamingSigned { trailer: bool },
+    /// `STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD[-TRAILER]` (SigV4a): not re-signed.
+    StreamingSignedEcdsa,
     /// No header: the signature covers sha256(body), as for non-S3 services.
     Absent,
 }
@@ -235,10 +241,10 @@ pub fn payload_of(headers: &HeaderMap) -> Result<Payload, AwsError> {
     Ok(match value {
         "UNSIGNED-PAYLOAD" => Payload::Unsigned,
         "STREAMING-UNSIGNED-PAYLOAD-TRAILER" => Payload::StreamingUnsignedTrailer,
-        "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
-        | "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
-        | "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD"
-        | "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD-TRAILER" => Payload::StreamingSigned,
+        STREAMING_SIGNED => Payload::StreamingSigned { trailer: false },
+        STREAMING_SIGNED_TRAILER => Payload::StreamingSigned { trailer: true },
+        "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD"
+        | "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD-TRAILER" => Payload::StreamingSignedEcdsa,
         hash if is_hex64(hash) => Payload::Hash(hash.to_ascii_lowercase()),
         _ => return Err(Bad("neither a SHA-256 hex digest nor a known payload mode")),
     })
@@ -338,11 +344,21 @@ pub fn resign(
     service: &str,
     region: &str,
     now: SystemTime,
-) -> Result<(), AwsError> {
+) -> Result<String, AwsError> {
     use AwsError::SigningFailed as Failed;
 
     let (body, checksum) = match payload {
-        Payload::StreamingSigned => return Err(AwsError::StreamingSignedUnsupported),
+        Payload::StreamingSignedEcdsa => return Err(AwsError::StreamingSignedUnsupported),
+        Payload::StreamingSigned { trailer } => (
+            SignableBody::Precomputed(
+                match trailer {
+                    true => STREAMING_SIGNED_TRAILER,
+                    false => STREAMING_SIGNED,
+                }
+                .into(),
+            ),
+            PayloadChecksumKind::XAmzSha256,
+        ),
         Payload::Absent => {
             let hash = body_sha256
                 .filter(|h| is_hex64(h))
@@ -439,7 +455,7 @@ pub fn resign(
         .into();
     let request = SignableRequest::new(method.as_str(), uri, signable.into_iter(), body)
         .map_err(|e| Failed(describe_signing_error(&e).into()))?;
-    let (instructions, _signature) = http_request::sign(request, &params)
+    let (instructions, signature) = http_request::sign(request, &params)
         .map_err(|e| Failed(describe_signing_error(&e).into()))?
         .into_parts();
     let (written, query) = instructions.into_parts();
@@ -464,7 +480,7 @@ pub fn resign(
     for (name, value) in values {
         headers.insert(name, value);
     }
-    Ok(())
+    Ok(signature)
 }
 
 fn describe_signing_error(e: &dyn std::error::Error) -> String {

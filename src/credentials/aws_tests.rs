@@ -397,7 +397,7 @@ fn resign_refusals_leave_the_headers_alone() {
     };
     let host = "example.amazonaws.com";
     assert_eq!(
-        attempt(&Payload::StreamingSigned, None, host, None),
+        attempt(&Payload::StreamingSignedEcdsa, None, host, None),
         "aws_streaming_signature_unsupported"
     );
     assert_eq!(
@@ -650,13 +650,19 @@ fn payload_of_each_value() {
         of("STREAMING-UNSIGNED-PAYLOAD-TRAILER").unwrap(),
         Payload::StreamingUnsignedTrailer
     );
+    assert_eq!(
+        of("STREAMING-AWS4-HMAC-SHA256-PAYLOAD").unwrap(),
+        Payload::StreamingSigned { trailer: false }
+    );
+    assert_eq!(
+        of("STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER").unwrap(),
+        Payload::StreamingSigned { trailer: true }
+    );
     for v in [
-        "STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
-        "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER",
         "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD",
         "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD-TRAILER",
     ] {
-        assert_eq!(of(v).unwrap(), Payload::StreamingSigned, "{v}");
+        assert_eq!(of(v).unwrap(), Payload::StreamingSignedEcdsa, "{v}");
     }
     for v in [
         "",

@@ -23,6 +23,7 @@
 
 pub mod apply;
 pub mod aws;
+pub mod aws_chunked;
 pub mod github;
 pub mod keys;
 pub mod oauth2;

@@ -106,6 +106,76 @@ where
     }
 }
 
+/// A request body in S3's signed `aws-chunked` form, each chunk signed again as it passes
+/// (see `credentials::aws_chunked`); a framing error aborts the upload instead of
+/// forwarding part of it.
+pub(crate) struct ResignedChunks<B> {
+    inner: B,
+    resigner: crate::credentials::aws_chunked::ChunkResigner,
+    done: bool,
+}
+
+impl<B> ResignedChunks<B> {
+    pub fn new(inner: B, resigner: crate::credentials::aws_chunked::ChunkResigner) -> Self {
+        ResignedChunks {
+            inner,
+            resigner,
+            done: false,
+        }
+    }
+}
+
+impl<B> Body for ResignedChunks<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None => {
+                    this.done = true;
+                    return Poll::Ready(this.resigner.finish().err().map(|e| Err(e.into())));
+                }
+            };
+            let data = match frame.into_data() {
+                Ok(data) => data,
+                // HTTP trailers (not aws-chunked ones) pass as they are.
+                Err(frame) => return Poll::Ready(Some(Ok(frame))),
+            };
+            match this.resigner.push(&data) {
+                Ok(out) if out.is_empty() => continue,
+                Ok(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
+                Err(e) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // Re-signing keeps the length exactly.
+        self.inner.size_hint()
+    }
+}
+
 /// A response body whose trailers are scrubbed, and whose data is too when `stream` is set.
 pub(crate) struct ScrubbedResponse<B> {
     inner: B,

@@ -29,12 +29,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode, Version};
-use http_body_util::{BodyExt, Either, Full};
+use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpInfo;
 use serde_json::json;
 
-use super::body::{reply, BoxError, GuardedRequest, ProxyBody, ScrubbedResponse};
+use super::body::{
+    full, reply, BoxError, GuardedRequest, ProxyBody, ResignedChunks, ScrubbedResponse,
+};
 use super::decision::{
     egress_denied, reasons_of, record, resolve_error, sandbox_inactive, Outcome,
 };
@@ -410,28 +412,47 @@ async fn sign_aws(
     parts: &mut http::request::Parts,
     body: Incoming,
     signing: &AwsSigning,
-) -> Phase<Either<Incoming, Full<Bytes>>> {
-    let (body, hash) = if signing.needs_body_hash() {
-        let collected = http_body_util::Limited::new(body, MAX_SIGNED_BODY)
-            .collect()
-            .await
-            .map_err(|e| Stop::deny(signed_body_error(&ctx.target, e)))?;
-        if collected
-            .trailers()
-            .is_some_and(crate::credentials::apply::trailers_mention_placeholder)
-        {
-            return Err(Stop::deny(ErrorReply::new(
-                StatusCode::FORBIDDEN,
-                "credential_destination_mismatch",
-                "the request's trailers carry a credential placeholder; it was not forwarded",
-            )));
-        }
-        let bytes = collected.to_bytes();
-        let hash = hex::encode(ring::digest::digest(&ring::digest::SHA256, &bytes));
-        (Either::Right(Full::new(bytes)), Some(hash))
-    } else {
-        (Either::Left(body), None)
-    };
+) -> Phase<Either<Incoming, ProxyBody>> {
+    if signing.needs_body_hash() {
+        let (bytes, hash) = hash_body(ctx, body).await?;
+        sign_headers(ctx, parts, signing, Some(&hash))?;
+        return Ok(Either::Right(full(bytes)));
+    }
+    Ok(match sign_headers(ctx, parts, signing, None)? {
+        // A signed streaming upload: each chunk is signed again as it passes.
+        Some(resigner) => Either::Right(ResignedChunks::new(body, resigner).boxed()),
+        None => Either::Left(body),
+    })
+}
+
+/// The whole body (at most [`MAX_SIGNED_BODY`]) and its SHA-256, hex.
+async fn hash_body(ctx: &Ctx, body: Incoming) -> Phase<(Bytes, String)> {
+    let collected = http_body_util::Limited::new(body, MAX_SIGNED_BODY)
+        .collect()
+        .await
+        .map_err(|e| Stop::deny(signed_body_error(&ctx.target, e)))?;
+    if collected
+        .trailers()
+        .is_some_and(crate::credentials::apply::trailers_mention_placeholder)
+    {
+        return Err(Stop::deny(ErrorReply::new(
+            StatusCode::FORBIDDEN,
+            "credential_destination_mismatch",
+            "the request's trailers carry a credential placeholder; it was not forwarded",
+        )));
+    }
+    let bytes = collected.to_bytes();
+    let hash = hex::encode(ring::digest::digest(&ring::digest::SHA256, &bytes));
+    Ok((bytes, hash))
+}
+
+fn sign_headers(
+    ctx: &Ctx,
+    parts: &mut http::request::Parts,
+    signing: &AwsSigning,
+    body_sha256: Option<&str>,
+) -> Phase<Option<crate::credentials::aws_chunked::ChunkResigner>> {
+    // The Host the client will send for this URI: the port only when it is not 443.
     let host_header = match ctx.target.port {
         443 => ctx.target.authority.trim_end_matches(":443").to_string(),
         _ => ctx.target.authority.clone(),
@@ -443,10 +464,9 @@ async fn sign_aws(
             &mut parts.headers,
             &uri,
             &host_header,
-            hash.as_deref(),
+            body_sha256,
         )
-        .map_err(Stop::deny)?;
-    Ok(body)
+        .map_err(Stop::deny)
 }
 
 fn signed_body_error(target: &Target, e: BoxError) -> ErrorReply {

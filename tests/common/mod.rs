@@ -812,6 +812,37 @@ snapshot_dir = {snaps:?}
     )
 }
 
+/// Everything `tracing` wrote in this test binary, once [`capture_logs`] ran: tests that
+/// check no secret reaches a log line read it.
+pub fn captured_logs() -> &'static Mutex<Vec<u8>> {
+    static LOGS: std::sync::OnceLock<Mutex<Vec<u8>>> = std::sync::OnceLock::new();
+    LOGS.get_or_init(Default::default)
+}
+
+struct Capture;
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        captured_logs().lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Sends this binary's `tracing` output (sandgate at debug) to [`captured_logs`].
+pub fn capture_logs() {
+    static ONCE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("sandgate=debug")
+            .with_writer(|| Capture)
+            .with_ansi(false)
+            .try_init();
+    });
+}
+
 /// A child process (a Python fake) killed when dropped.
 pub struct ChildGuard(pub std::process::Child);
 
