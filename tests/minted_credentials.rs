@@ -144,6 +144,8 @@ fn rand_u32() -> u32 {
 
 struct Setup {
     name: &'static str,
+    /// What another replica of `gw` is started with.
+    replica: (String, Option<String>),
     gw: Gateway,
     origin: Origin,
     endpoint: Arc<TokenEndpoint>,
@@ -154,6 +156,17 @@ struct Setup {
 /// A gateway with one OAuth2 credential `name` (of `grant`) bound to sandbox `sb-a` for
 /// `api.oauth.test`, whose tokens come from the fake at `auth.oauth.test`.
 async fn setup(name: &'static str, grant: &str, secret: &str, ttl_secs: u64) -> Setup {
+    setup_on(name, grant, secret, ttl_secs, None).await
+}
+
+/// [`setup`], on the Postgres database `store_url` when given.
+async fn setup_on(
+    name: &'static str,
+    grant: &str,
+    secret: &str,
+    ttl_secs: u64,
+    store_url: Option<String>,
+) -> Setup {
     capture_logs();
     init();
     let ca = TestCa::new();
@@ -180,7 +193,33 @@ apply = {{ type = "oauth2", grant = "{grant}", token_url = "https://auth.oauth.t
         port = origin.port(),
         auth_port = auth.port(),
     );
-    let gw = Gateway::start(GatewayOptions {
+    let options = replica_options(
+        name,
+        &ca,
+        extra_toml.clone(),
+        store_url.clone(),
+        secrets.path().join("master.key"),
+    );
+    let gw = Gateway::start(options).await;
+    Setup {
+        name,
+        replica: (extra_toml, store_url),
+        gw,
+        origin,
+        endpoint,
+        _ca: ca,
+        _secrets: secrets,
+    }
+}
+
+fn replica_options(
+    name: &'static str,
+    ca: &TestCa,
+    extra_toml: String,
+    store_url: Option<String>,
+    master_key_file: std::path::PathBuf,
+) -> GatewayOptions {
+    GatewayOptions {
         identities: vec![IdentitySpec {
             id: "sb-a",
             workspace: "ws-a",
@@ -193,20 +232,24 @@ apply = {{ type = "oauth2", grant = "{grant}", token_url = "https://auth.oauth.t
         ],
         upstream_ca: Some(ca.pem_path.clone()),
         extra_toml,
+        store_url,
+        master_key_file: Some(master_key_file),
         ..Default::default()
-    })
-    .await;
-    Setup {
-        name,
-        gw,
-        origin,
-        endpoint,
-        _ca: ca,
-        _secrets: secrets,
     }
 }
 
 impl Setup {
+    /// A second gateway on the same store and master key (Postgres only: a SQLite store is
+    /// one gateway's).
+    async fn another_replica(&self) -> Gateway {
+        let (extra_toml, store_url) = self.replica.clone();
+        let key = self._secrets.path().join("master.key");
+        Gateway::start(replica_options(
+            self.name, &self._ca, extra_toml, store_url, key,
+        ))
+        .await
+    }
+
     fn url(&self) -> String {
         format!("https://api.oauth.test:{}/v1/things", self.origin.port())
     }
@@ -445,6 +488,47 @@ async fn a_rotated_refresh_token_is_used_next_and_kept_sealed() {
     let file = std::fs::read(&db).unwrap();
     assert!(!String::from_utf8_lossy(&file).contains(&newest));
     s.assert_no_secret_leaked(&[]).await;
+}
+
+/// Two replicas share one rotating refresh token: each reads the newest one from the store
+/// before it refreshes, so neither presents a token the other already spent.
+#[tokio::test]
+async fn replicas_take_turns_with_a_rotating_refresh_token_on_postgres() {
+    const TEST: &str = "replicas_take_turns_with_a_rotating_refresh_token_on_postgres";
+    let Some(server) = postgres::server_or_skip(TEST) else {
+        return;
+    };
+    let db = postgres::TestDatabase::create(&server, "rotating_replicas").await;
+    let secret = serde_json::json!({
+        "client_secret": CLIENT_SECRET, "refresh_token": FIRST_REFRESH_TOKEN,
+    })
+    .to_string();
+    let s = setup_on(
+        "shared",
+        "refresh_token",
+        &secret,
+        1,
+        Some(db.url.expose().to_string()),
+    )
+    .await;
+    let other = s.another_replica().await;
+    let clients = [s.gw.client("sb-a", false), other.client("sb-a", false)];
+    for round in 0..4 {
+        let (status, body) = s.get(&clients[round % 2]).await;
+        assert_eq!(
+            status,
+            200,
+            "round {round} on replica {}: {body}",
+            round % 2
+        );
+        assert_eq!(s.endpoint.calls(), round + 1);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    assert_eq!(s.endpoint.refresh_tokens_issued.lock().unwrap().len(), 4);
+    drop(other);
+    s.assert_no_secret_leaked(&[]).await;
+    drop(s);
+    db.drop().await;
 }
 
 #[tokio::test]

@@ -16,7 +16,10 @@
 //!   next request tries again.
 //! - A refresh token the endpoint rotates is kept sealed in the store (`store_secrets`,
 //!   under this credential's version), read again before every refresh so a replica uses the
-//!   newest one, and never leaves this module except towards the token endpoint.
+//!   newest one (and once more after a refusal, in case another replica rotated it in
+//!   between), and never leaves this module except towards the token endpoint. Replicas do
+//!   not serialise their refreshes with each other: two refreshing the same rotating
+//!   credential at the same instant can still lose one rotation to the endpoint.
 //! - What [`TokenSource::status`] reports (expiry, last outcome, the endpoint's error code)
 //!   never includes a token.
 
@@ -276,9 +279,27 @@ impl TokenSource {
                 "this gateway reaches no token endpoints (minting is not set up)".into(),
             ));
         };
-        if self.minter.uses_refresh_token() {
-            self.load_rotated().await;
+        if !self.minter.uses_refresh_token() {
+            return self.mint_retrying_transient(http).await;
         }
+        self.load_rotated().await;
+        let used = self.current_refresh_token();
+        let result = self.mint_retrying_transient(http).await;
+        if !matches!(result, Err(MintError::Rejected(_))) {
+            return result;
+        }
+        // Another replica may have rotated the refresh token between our read of the store
+        // and our request: if the store holds a newer one now, that one gets a chance.
+        self.load_rotated().await;
+        let newer = self.current_refresh_token();
+        if newer.as_ref().map(Secret::expose) == used.as_ref().map(Secret::expose) {
+            return result;
+        }
+        self.mint_retrying_transient(http).await
+    }
+
+    /// One mint, retried with backoff while it fails transiently.
+    async fn mint_retrying_transient(&self, http: &reqwest::Client) -> Result<Fresh, MintError> {
         let attempt = || async {
             let refresh_token = self.current_refresh_token();
             self.minter.mint(http, refresh_token.as_ref()).await
