@@ -1044,3 +1044,92 @@ async fn repeated_candidates_are_refused_naming_the_field() {
     }
     assert_eq!(env.sim("pool-a").create_calls(), 0, "nothing was created");
 }
+
+// ------------------------------------------------------------------ lifetimes (`ttl_secs`)
+
+/// A sandbox created with `ttl_secs` is deleted by sandgate once its lifetime has passed
+/// (identity revoked, instance gone); `POST .../timeout` moves the end, later or sooner.
+#[tokio::test]
+async fn a_sandbox_whose_lifetime_ends_is_deleted_and_set_timeout_moves_the_end() {
+    let env = start("").await;
+    let (status, short) = env.create(json!({"ttl_secs": 1}), None).await;
+    assert!(status == 201 || status == 202, "{status} {short}");
+    let short_id = short["id"].as_str().unwrap().to_string();
+    let running = env.wait_state(&short_id, "running").await;
+    let expires = running["expires_ms"].as_i64().unwrap();
+    let created = running["created_ms"].as_i64().unwrap();
+    assert_eq!(expires - created, 1000, "{running}");
+
+    let (_, extended) = env.create(json!({"ttl_secs": 1}), None).await;
+    let extended_id = extended["id"].as_str().unwrap().to_string();
+    env.wait_state(&extended_id, "running").await;
+    let moved = env
+        .http
+        .post(env.gw.api(&format!("/v1/sandboxes/{extended_id}/timeout")))
+        .bearer_auth(TOKEN_A)
+        .json(&json!({"ttl_secs": 60}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(moved.status(), 200);
+    let moved: Value = moved.json().await.unwrap();
+    assert!(
+        moved["expires_ms"].as_i64().unwrap() > expires + 50_000,
+        "{moved}"
+    );
+
+    // The short one goes; the extended one stays.
+    env.wait_state(&short_id, "deleted").await;
+    assert_eq!(env.live("pool-a"), 1, "the expired instance was deleted");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(env.get(&extended_id).await.1["state"], "running");
+
+    // Shortened again, it goes too.
+    let shortened = env
+        .http
+        .post(env.gw.api(&format!("/v1/sandboxes/{extended_id}/timeout")))
+        .bearer_auth(TOKEN_A)
+        .json(&json!({"ttl_secs": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shortened.status(), 200);
+    env.wait_state(&extended_id, "deleted").await;
+    assert_eq!(env.live("pool-a"), 0);
+    let metrics = reqwest::get(env.gw.api("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("sandgate_sandboxes_expired_total 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn lifetimes_out_of_range_and_timeouts_of_other_workspaces_are_refused() {
+    let env = start("").await;
+    for ttl in [json!(0), json!(2_592_001), json!("10"), json!(-1)] {
+        let (status, body) = env.create(json!({"ttl_secs": ttl}), None).await;
+        assert!(status == 400 || status == 422, "{ttl}: {status} {body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    }
+    assert_eq!(env.live("pool-a"), 0, "a refused create makes nothing");
+    let (_, created) = env.create(json!({}), None).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    env.wait_state(&id, "running").await;
+    let timeout = |token: &'static str, body: Value| {
+        let request = env
+            .http
+            .post(env.gw.api(&format!("/v1/sandboxes/{id}/timeout")))
+            .bearer_auth(token)
+            .json(&body);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(timeout(TOKEN_B, json!({"ttl_secs": 5})).await, 404);
+    assert_eq!(timeout(TOKEN_A, json!({"ttl_secs": 0})).await, 400);
+    assert_eq!(timeout(TOKEN_A, json!({"ttl": 5})).await, 400);
+    assert!(env.get(&id).await.1["expires_ms"].is_null());
+}

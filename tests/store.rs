@@ -139,6 +139,7 @@ fn sandbox(
         token_sealed: (0..=255u8).rev().collect(),
         created_ms: at,
         updated_ms: at,
+        expires_ms: None,
     }
 }
 
@@ -411,6 +412,67 @@ async fn concurrent_identical_creates_on_two_connections_have_one_winner() {
                     .collect();
                 assert_eq!(pending, vec![winners[0].as_str()]);
             }
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn sandbox_lifetimes_are_stored_found_when_passed_and_moved() {
+    each_backend(
+        "sandbox_lifetimes_are_stored_found_when_passed_and_moved",
+        |fx| async move {
+            let store = &fx.store;
+            let mut short = sandbox("sb-short", "ws", "running", json!({}), 1_000);
+            short.expires_ms = Some(5_000);
+            let mut long = sandbox("sb-long", "ws", "running", json!({}), 1_000);
+            long.expires_ms = Some(50_000);
+            let mut gone = sandbox("sb-gone", "ws", "deleted", json!({}), 1_000);
+            gone.expires_ms = Some(2_000);
+            for row in [
+                &short,
+                &long,
+                &gone,
+                &sandbox("sb-none", "ws", "running", json!({}), 1_000),
+            ] {
+                insert(store, row).await;
+            }
+            assert_eq!(
+                store
+                    .get_sandbox("sb-short")
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .expires_ms,
+                Some(5_000)
+            );
+            assert!(store.expired_sandboxes(4_999, 10).await.unwrap().is_empty());
+            // Deleted ones and ones without a lifetime are never listed.
+            assert_eq!(
+                store.expired_sandboxes(5_000, 10).await.unwrap(),
+                ["sb-short"]
+            );
+            assert!(store
+                .set_sandbox_expiry("sb-long", 3_000, 2_000)
+                .await
+                .unwrap());
+            assert_eq!(
+                store.expired_sandboxes(6_000, 10).await.unwrap(),
+                ["sb-long", "sb-short"],
+                "oldest expiry first"
+            );
+            assert_eq!(
+                store.expired_sandboxes(6_000, 1).await.unwrap(),
+                ["sb-long"]
+            );
+            assert!(!store
+                .set_sandbox_expiry("sb-gone", 9_000, 2_000)
+                .await
+                .unwrap());
+            assert!(!store
+                .set_sandbox_expiry("sb-absent", 9_000, 2_000)
+                .await
+                .unwrap());
         },
     )
     .await;

@@ -230,7 +230,7 @@ pub(crate) async fn read(
     }
 }
 
-/// Store a credential: `{name, secret, destinations: [{host, ports?, methods?, path_prefixes?}], apply: {type: header|basic|query, ...}, placeholder_env?, user?, scrub_response_body?}`. The secret is sealed at rest and only ever applied outside the sandbox, in its declared slot, to the destinations it is bound to.
+/// Store a credential: `{name, secret, destinations: [{host, ports?, methods?, path_prefixes?}], apply: {type: header|basic|query|aws_sigv4|oauth2|github_app, ...}, placeholder_env?, user?, scrub_response_body?}`. The secret is sealed at rest and only ever applied outside the sandbox, in its declared slot, to the destinations it is bound to.
 #[utoipa::path(
     post,
     path = "/v1/workspaces/{ws}/credentials",

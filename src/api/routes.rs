@@ -97,6 +97,7 @@ pub async fn explain(
         super::sandbox_ops::remove_path,
         super::sandbox_ops::mkdir,
         super::sandbox_ops::stop,
+        super::sandbox_ops::set_timeout,
         super::sandbox_ops::start,
         super::sandbox_ops::pause,
         super::sandbox_ops::resume,

@@ -5,7 +5,8 @@
 //!    manage answer the same 404, so ids of other workspaces stay private;
 //! 2. asks policy: `sandgate.action` for exec and files (`exec`, `files.read`,
 //!    `files.write`, `files.list`, `files.delete`, `files.mkdir`), `sandgate.lifecycle`
-//!    for `start`, `stop`, `pause`, `resume`, `snapshot` and `delete`; a refusal is 403
+//!    for `start`, `stop`, `pause`, `resume`, `snapshot`, `set_timeout` and `delete`; a
+//!    refusal is 403
 //!    `policy_denied` with the reasons, and nothing is done;
 //! 3. checks the state (`running`, `paused`, `stopped`; else 409 `sandbox_state`);
 //! 4. calls the pool's adapter; an operation the provider does not offer is 501
@@ -71,6 +72,7 @@ pub fn routes() -> Router<ApiState> {
         )
         .route("/v1/sandboxes/{id}/files/mkdir", post(mkdir))
         .route("/v1/sandboxes/{id}/stop", post(stop))
+        .route("/v1/sandboxes/{id}/timeout", post(set_timeout))
         .route("/v1/sandboxes/{id}/start", post(start))
         .route("/v1/sandboxes/{id}/pause", post(pause))
         .route("/v1/sandboxes/{id}/resume", post(resume))
@@ -777,6 +779,68 @@ lifecycle_route!(
     "/v1/sandboxes/{id}/resume",
     "Resume a paused sandbox."
 );
+
+/// `POST .../timeout` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutBody {
+    /// Seconds from now until the sandbox is deleted (1 to 30 days' worth).
+    #[schema(minimum = 1, maximum = 2592000)]
+    pub ttl_secs: u64,
+}
+
+/// Set when the sandbox's lifetime ends: `ttl_secs` from now, longer or shorter than before
+/// (E2B's `set_timeout`). Once it has passed, sandgate deletes the sandbox.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/timeout",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = TimeoutBody,
+    responses(
+        (status = 200, description = "The sandbox, with its new `expires_ms`", body = Object),
+        (status = 400, description = "invalid_request"),
+        (status = 403, description = "policy_denied (layer sandgate.lifecycle, operation set_timeout)"),
+        (status = 404, description = "not_found"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn set_timeout(
+    State(state): State<ApiState>,
+    ActionCaller(caller): ActionCaller,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<TimeoutBody>,
+) -> Response {
+    let result = async {
+        let max = crate::create::body::MAX_TTL_SECS;
+        if body.ttl_secs == 0 || body.ttl_secs > max {
+            return Err(ErrorReply::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("`ttl_secs`: must be 1 to {max} seconds"),
+            )
+            .with_details(json!({"field": "ttl_secs"})));
+        }
+        authorize(
+            &state,
+            &caller,
+            &id,
+            "lifecycle",
+            "set_timeout",
+            json!({"timeout": {"ttl_secs": body.ttl_secs}}),
+            &["pending", "provisioning", "reconciling", "running", "paused", "stopped"],
+        )
+        .await?;
+        tracing::info!(sandbox = %id, ttl_secs = body.ttl_secs, principal = %caller.principal, "sandbox lifetime set");
+        state.sandboxes.set_timeout(&id, body.ttl_secs).await
+    }
+    .await;
+    match result {
+        Ok(Some(view)) => Json(view).into_response(),
+        Ok(None) => not_found(&id).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
 
 /// `POST .../snapshot` body (optional; empty = a provider snapshot).
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]

@@ -25,7 +25,11 @@ pub const FIELDS: &[&str] = &[
     "routing",
     "snapshot",
     "dry_run",
+    "ttl_secs",
 ];
+
+/// The longest lifetime a create may ask for (`ttl_secs`): 30 days.
+pub const MAX_TTL_SECS: u64 = 30 * 24 * 3600;
 
 /// A create request: the router's request (placement: provider, source, resources, features,
 /// network, regions, labels, routing) plus the fields only creation uses. Unknown fields are
@@ -52,6 +56,12 @@ pub struct CreateBody {
     /// (a body with `dry_run: false` digests as one without it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
+    /// The sandbox's lifetime in seconds from its creation (1 to 30 days' worth): once it
+    /// has passed, sandgate deletes the sandbox. `POST /v1/sandboxes/{id}/timeout` sets a new
+    /// end. Absent: the sandbox lives until it is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 2592000)]
+    pub ttl_secs: Option<u64>,
     #[serde(flatten)]
     #[schema(value_type = openapi::ClosedRequest, inline)]
     pub request: Request,
@@ -168,6 +178,12 @@ impl CreateBody {
         if let Some(snapshot) = &body.snapshot {
             name("snapshot".into(), snapshot)?;
         }
+        if body.ttl_secs.is_some_and(|t| t == 0 || t > MAX_TTL_SECS) {
+            return Err(BodyError {
+                field: "ttl_secs".into(),
+                message: format!("must be 1 to {MAX_TTL_SECS} seconds"),
+            });
+        }
         if body.credentials.len() > sandgate_router::MAX_ENTRIES {
             return Err(BodyError {
                 field: "credentials".into(),
@@ -238,6 +254,9 @@ struct CreateBodyExtras {
     #[serde(default)]
     #[allow(dead_code)]
     dry_run: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    ttl_secs: Option<u64>,
 }
 
 fn sort_keys(v: serde_json::Value) -> serde_json::Value {

@@ -137,6 +137,7 @@ fn would_be_job(
             token_sealed: Vec::new(),
             created_ms: now,
             updated_ms: now,
+            expires_ms: body.ttl_secs.map(|t| now + t as i64 * 1000),
         },
         principal: StoredPrincipal {
             principal: caller.principal.clone(),

@@ -301,6 +301,7 @@ mod tests {
             token_sealed: b"sealed-token-bytes".to_vec(),
             created_ms: 1000,
             updated_ms: 1000,
+            expires_ms: None,
         }
     }
 

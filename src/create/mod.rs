@@ -405,6 +405,7 @@ impl Coordinator {
             token_sealed: sealed,
             created_ms: now,
             updated_ms: now,
+            expires_ms: body.ttl_secs.map(|t| now + t as i64 * 1000),
         };
         let claim = idempotency_key.as_deref().map(|key| IdempotencyClaim {
             key,
@@ -658,6 +659,7 @@ impl Coordinator {
             "error": error,
             "created_ms": row.created_ms,
             "updated_ms": row.updated_ms,
+            "expires_ms": row.expires_ms,
             "egress": {
                 "identity": row.id,
                 "enforcement": endpoint.enforcement,
@@ -687,6 +689,42 @@ impl Coordinator {
             out.push(self.render(&row, &attempts));
         }
         Ok(out)
+    }
+
+    // ------------------------------------------------------------------------- lifetime
+
+    /// Sets a sandbox's lifetime to end `ttl_secs` from now (E2B's `set_timeout`): longer
+    /// or shorter than before. `None` when there is no such sandbox that is not deleted.
+    pub async fn set_timeout(&self, id: &str, ttl_secs: u64) -> Result<Option<Value>, ErrorReply> {
+        let now = now_ms();
+        let set = self
+            .deps
+            .store
+            .set_sandbox_expiry(id, now + ttl_secs as i64 * 1000, now)
+            .await
+            .map_err(internal)?;
+        match set {
+            true => self.view(id).await,
+            false => Ok(None),
+        }
+    }
+
+    /// Deletes the sandboxes whose lifetime has ended. Every replica's janitor may find the
+    /// same one; deleting it twice is harmless.
+    async fn expire_sandboxes(&self, now: i64) {
+        let ids = match self.deps.store.expired_sandboxes(now, 100).await {
+            Ok(ids) => ids,
+            Err(e) => return tracing::warn!(error = %e, "janitor: cannot list expired sandboxes"),
+        };
+        for id in ids {
+            tracing::info!(sandbox = %id, "the sandbox's lifetime ended; deleting it");
+            match self.delete(&id).await {
+                Ok(_) => metrics::counter!("sandgate_sandboxes_expired_total").increment(1),
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e.message, "cannot delete an expired sandbox")
+                }
+            }
+        }
     }
 
     // ------------------------------------------------------------------------- delete
@@ -1925,6 +1963,7 @@ impl Coordinator {
             }
             Err(e) => tracing::warn!(error = %e, "janitor: cannot list abandoned attempts"),
         }
+        self.expire_sandboxes(now).await;
         let _ = self.deps.store.purge_idempotency_keys(now).await;
         let _ = self
             .deps

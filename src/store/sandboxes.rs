@@ -25,6 +25,8 @@ pub struct SandboxRow {
     pub token_sealed: Vec<u8>,
     pub created_ms: i64,
     pub updated_ms: i64,
+    /// When the sandbox's lifetime ends (the janitor deletes it then); `None`: no lifetime.
+    pub expires_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -111,7 +113,7 @@ pub struct PoolSamples {
     pub successes: u64,
 }
 
-const SANDBOX_COLUMNS: &str = "id, workspace, principal_json, state, request_json, labels_json, candidates_json, placement_json, placement_record_json, error_json, token_sealed, created_ms, updated_ms";
+const SANDBOX_COLUMNS: &str = "id, workspace, principal_json, state, request_json, labels_json, candidates_json, placement_json, placement_record_json, error_json, token_sealed, created_ms, updated_ms, expires_ms";
 const ATTEMPT_COLUMNS: &str = "id, sandbox_id, seq, pool, provider, account, state, outcome, error_class, message, instance_id, started_ms, finished_ms";
 
 fn sandbox_row(r: &impl StoreRow) -> Result<SandboxRow, sqlx::Error> {
@@ -129,6 +131,7 @@ fn sandbox_row(r: &impl StoreRow) -> Result<SandboxRow, sqlx::Error> {
         token_sealed: r.col("token_sealed")?,
         created_ms: r.col("created_ms")?,
         updated_ms: r.col("updated_ms")?,
+        expires_ms: r.col("expires_ms")?,
     })
 }
 
@@ -280,8 +283,8 @@ impl Store {
         const INSERT: &str = "INSERT INTO sandboxes (id, workspace, principal_json, state,
                request_json, labels_json, candidates_json, placement_json, error_json,
                token_sealed, lease_owner, lease_expires_ms, created_ms, updated_ms,
-               placement_record_json)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14)";
+               placement_record_json, expires_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15)";
         const CLAIM: &str =
             "INSERT INTO idempotency_keys (workspace, key, body_hash, sandbox_id, expires_ms)
              VALUES ($1, $2, $3, $4, $5)
@@ -309,6 +312,7 @@ impl Store {
                 .bind(lease_expires_ms)
                 .bind(row.created_ms)
                 .bind(&row.placement_record_json)
+                .bind(row.expires_ms)
                 .execute(&mut *tx)
                 .await?;
             if let Some(claim) = claim {
@@ -339,6 +343,46 @@ impl Store {
             tx.commit().await?;
         });
         Ok(InsertOutcome::Created)
+    }
+
+    /// Sandboxes whose lifetime has ended by `now_ms` and that are not deleted yet, oldest
+    /// expiry first (at most `limit`).
+    pub async fn expired_sandboxes(
+        &self,
+        now_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        const SQL: &str = "SELECT id FROM sandboxes
+             WHERE expires_ms IS NOT NULL AND expires_ms <= $1 AND state <> 'deleted'
+             ORDER BY expires_ms LIMIT $2";
+        Ok(with_pool!(self, pool => sqlx::query(SQL)
+            .bind(now_ms)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|r| r.col("id"))
+            .collect::<Result<_, _>>()?))
+    }
+
+    /// Sets when a sandbox's lifetime ends; false when there is no such sandbox that is not
+    /// deleted.
+    pub async fn set_sandbox_expiry(
+        &self,
+        id: &str,
+        expires_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        const SQL: &str = "UPDATE sandboxes SET expires_ms = $2, updated_ms = $3
+             WHERE id = $1 AND state <> 'deleted'";
+        let changed = with_pool!(self, pool => sqlx::query(SQL)
+            .bind(id)
+            .bind(expires_ms)
+            .bind(now_ms)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(changed > 0)
     }
 
     pub async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
