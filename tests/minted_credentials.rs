@@ -355,6 +355,48 @@ principal = "alice"
 workspace = "ws-a"
 "#;
 
+/// The token endpoint fake is evidence only if a standard OAuth2 client accepts it: Authlib
+/// gets a client_credentials token, refreshes (receiving a rotated refresh token) and sees
+/// the spent refresh token refused with invalid_grant.
+#[tokio::test]
+async fn the_token_endpoint_fake_is_what_an_oauth2_client_library_expects() {
+    init();
+    let python = sdk::python();
+    if let Some(why) = sdk::missing(&python, "authlib") {
+        assert!(!in_ci(), "{why}");
+        eprintln!("skipping outside CI: {why}");
+        return;
+    }
+    let ca = TestCa::new();
+    let endpoint = TokenEndpoint::new(60);
+    let router = axum::Router::new()
+        .route("/oauth/token", axum::routing::post(token))
+        .with_state(endpoint.clone());
+    let auth = serve_router(router, ca.server_config(&["localhost"])).await;
+    let url = format!("https://localhost:{}/oauth/token", auth.port());
+    let ca_file = ca.pem_path.display().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(fixture("oauth2_client.py"))
+            .args([&url, &ca_file, CLIENT_ID, CLIENT_SECRET, FIRST_REFRESH_TOKEN])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.lines().count(), 3, "{stdout}");
+    assert_eq!(endpoint.calls(), 3);
+    let grants = endpoint.grants.lock().unwrap().clone();
+    assert_eq!(grants[0], ("client_credentials".to_string(), true));
+    assert_eq!(grants[1], ("refresh_token".to_string(), true));
+}
+
 #[tokio::test]
 async fn client_credentials_token_is_cached_refreshed_early_and_once_for_fifty() {
     let s = setup("cached", "client_credentials", CLIENT_SECRET, 8).await;
