@@ -378,7 +378,13 @@ async fn the_token_endpoint_fake_is_what_an_oauth2_client_library_expects() {
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(python)
             .arg(fixture("oauth2_client.py"))
-            .args([&url, &ca_file, CLIENT_ID, CLIENT_SECRET, FIRST_REFRESH_TOKEN])
+            .args([
+                &url,
+                &ca_file,
+                CLIENT_ID,
+                CLIENT_SECRET,
+                FIRST_REFRESH_TOKEN,
+            ])
             .output()
             .unwrap()
     })
