@@ -443,9 +443,7 @@ pub fn redact_query(path_and_query: &str) -> String {
 }
 
 pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
+    crate::base::clock::rfc3339(std::time::SystemTime::now())
 }
 
 #[cfg(test)]

@@ -136,15 +136,7 @@ impl Setup {
     /// The sandbox's environment from the API, with `credential`'s placeholder as the AWS
     /// keys (each AWS credential sets them; a sandbox binds one per SDK client).
     async fn sandbox_env(&self, credential: &str) -> Vec<(String, String)> {
-        let env: serde_json::Value = reqwest::Client::new()
-            .get(self.gw.api("/v1/identities/sb-a/env"))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let env = self.gw.api_json("/v1/identities/sb-a/env", ADMIN).await;
         let placeholder = env["placeholders"][credential]
             .as_str()
             .unwrap()
@@ -202,28 +194,18 @@ impl Setup {
     /// Neither the real secret key nor the session token is in any log line, decision
     /// record, metric or API answer.
     async fn assert_no_secret_leaked(&self) {
-        let api = |path: &str| {
-            let url = self.gw.api(path);
-            async move {
-                reqwest::Client::new()
-                    .get(url)
-                    .bearer_auth(ADMIN)
-                    .send()
-                    .await
-                    .unwrap()
-                    .text()
-                    .await
-                    .unwrap()
-            }
-        };
         let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).into_owned();
         let texts = [
             logs,
             std::fs::read_to_string(&self.gw.decision_log).unwrap(),
-            api("/metrics").await,
-            api("/v1/workspaces/ws-a/credentials").await,
-            api("/v1/workspaces/ws-a/credentials/s3").await,
-            api("/v1/identities/sb-a/env").await,
+            self.gw.api_get("/metrics", ADMIN).await,
+            self.gw
+                .api_get("/v1/workspaces/ws-a/credentials", ADMIN)
+                .await,
+            self.gw
+                .api_get("/v1/workspaces/ws-a/credentials/s3", ADMIN)
+                .await,
+            self.gw.api_get("/v1/identities/sb-a/env", ADMIN).await,
         ];
         assert!(
             !texts[0].is_empty(),

@@ -17,6 +17,7 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use base64::Engine as _;
 use common::*;
+use sandgate::base::ids::random_hex;
 
 const CLIENT_ID: &str = "client-7c1d";
 const CLIENT_SECRET: &str = "cs3cr3t-0a9f8e7d6c5b";
@@ -113,7 +114,7 @@ async fn token(
             if form.get("refresh_token") != Some(&*current) {
                 return oauth_error(400, "invalid_grant");
             }
-            let rotated = format!("rt-rotated-{n}-{:08x}", rand_u32());
+            let rotated = format!("rt-rotated-{n}-{}", random_hex(4));
             *current = rotated.clone();
             endpoint
                 .refresh_tokens_issued
@@ -124,22 +125,10 @@ async fn token(
         }
         _ => return oauth_error(400, "unsupported_grant_type"),
     }
-    let access = format!("at-{n}-{:08x}", rand_u32());
+    let access = format!("at-{n}-{}", random_hex(4));
     endpoint.issued.lock().unwrap().push(access.clone());
     answer["access_token"] = access.into();
     axum::Json(answer).into_response()
-}
-
-fn rand_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64,
-    );
-    h.finish() as u32
 }
 
 struct Setup {
@@ -149,14 +138,14 @@ struct Setup {
     gw: Gateway,
     origin: Origin,
     endpoint: Arc<TokenEndpoint>,
-    _ca: TestCa,
-    _secrets: tempfile::TempDir,
+    ca: TestCa,
+    secrets: tempfile::TempDir,
 }
 
 /// A gateway with one OAuth2 credential `name` (of `grant`) bound to sandbox `sb-a` for
 /// `api.oauth.test`, whose tokens come from the fake at `auth.oauth.test`.
 async fn setup(name: &'static str, grant: &str, secret: &str, ttl_secs: u64) -> Setup {
-    setup_on(name, grant, secret, ttl_secs, None).await
+    setup_on(name, grant, secret, ttl_secs, None, |_| {}).await
 }
 
 /// [`setup`], on the Postgres database `store_url` when given.
@@ -166,6 +155,7 @@ async fn setup_on(
     secret: &str,
     ttl_secs: u64,
     store_url: Option<String>,
+    adjust: fn(&mut GatewayOptions),
 ) -> Setup {
     capture_logs();
     init();
@@ -193,13 +183,14 @@ apply = {{ type = "oauth2", grant = "{grant}", token_url = "https://auth.oauth.t
         port = origin.port(),
         auth_port = auth.port(),
     );
-    let options = replica_options(
+    let mut options = replica_options(
         name,
         &ca,
         extra_toml.clone(),
         store_url.clone(),
         secrets.path().join("master.key"),
     );
+    adjust(&mut options);
     let gw = Gateway::start(options).await;
     Setup {
         name,
@@ -207,8 +198,8 @@ apply = {{ type = "oauth2", grant = "{grant}", token_url = "https://auth.oauth.t
         gw,
         origin,
         endpoint,
-        _ca: ca,
-        _secrets: secrets,
+        ca,
+        secrets,
     }
 }
 
@@ -243,9 +234,9 @@ impl Setup {
     /// one gateway's).
     async fn another_replica(&self) -> Gateway {
         let (extra_toml, store_url) = self.replica.clone();
-        let key = self._secrets.path().join("master.key");
+        let key = self.secrets.path().join("master.key");
         Gateway::start(replica_options(
-            self.name, &self._ca, extra_toml, store_url, key,
+            self.name, &self.ca, extra_toml, store_url, key,
         ))
         .await
     }
@@ -271,30 +262,12 @@ impl Setup {
     }
 
     async fn credential_view(&self) -> serde_json::Value {
-        reqwest::Client::new()
-            .get(
-                self.gw
-                    .api(&format!("/v1/workspaces/ws-a/credentials/{}", self.name)),
-            )
-            .bearer_auth(admin_token(&self.gw))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        let path = format!("/v1/workspaces/ws-a/credentials/{}", self.name);
+        self.gw.api_json(&path, ADMIN).await
     }
 
     async fn metrics(&self) -> String {
-        reqwest::Client::new()
-            .get(self.gw.api("/metrics"))
-            .bearer_auth(admin_token(&self.gw))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        self.gw.api_get("/metrics", ADMIN).await
     }
 
     /// No secret, access token or refresh token in any log line, decision record, metric
@@ -314,15 +287,10 @@ impl Setup {
         let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).into_owned();
         let decisions = std::fs::read_to_string(&self.gw.decision_log).unwrap_or_default();
         let view = self.credential_view().await.to_string();
-        let list = reqwest::Client::new()
-            .get(self.gw.api("/v1/workspaces/ws-a/credentials"))
-            .bearer_auth(admin_token(&self.gw))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let list = self
+            .gw
+            .api_get("/v1/workspaces/ws-a/credentials", ADMIN)
+            .await;
         let metrics = self.metrics().await;
         for secret in secrets.iter().filter(|s| !s.is_empty()) {
             for (what, text) in [
@@ -343,10 +311,6 @@ impl Setup {
 }
 
 /// The API token of workspace `ws-a`'s admin (see [`ADMIN_TOML`]).
-fn admin_token(_gw: &Gateway) -> &'static str {
-    ADMIN
-}
-
 const ADMIN: &str = "api-token-ws-a-0123456789";
 const ADMIN_TOML: &str = r#"
 [[api.tokens]]
@@ -557,6 +521,7 @@ async fn replicas_take_turns_with_a_rotating_refresh_token_on_postgres() {
         &secret,
         1,
         Some(db.url.expose().to_string()),
+        |_| {},
     )
     .await;
     let other = s.another_replica().await;
@@ -640,7 +605,7 @@ async fn invalid_grant_ends_the_credential_and_server_errors_are_retried() {
     s.endpoint.refuse.store(false, Ordering::SeqCst);
     let replaced = reqwest::Client::new()
         .put(s.gw.api("/v1/workspaces/ws-a/credentials/ending"))
-        .bearer_auth(admin_token(&s.gw))
+        .bearer_auth(ADMIN)
         .json(&serde_json::json!({
             "secret": CLIENT_SECRET,
             "destinations": [{"host": "api.oauth.test", "ports": [s.origin.port()]}],
@@ -656,12 +621,53 @@ async fn invalid_grant_ends_the_credential_and_server_errors_are_retried() {
     s.assert_no_secret_leaked(&[]).await;
 }
 
+/// Token endpoints are reached through the proxy's own resolver and address guard: a
+/// `token_url` whose host resolves to an address sandboxes may not reach (here loopback
+/// outside `allow_private`) is never dialed, and the request is answered 503.
+#[tokio::test]
+async fn a_token_url_on_an_address_sandboxes_may_not_reach_is_not_dialed() {
+    let s = setup_on(
+        "guarded",
+        "client_credentials",
+        CLIENT_SECRET,
+        60,
+        None,
+        |o| {
+            // The origin stays reachable; the token host resolves outside what is allowed.
+            o.hosts = vec![
+                ("api.oauth.test", "127.0.0.1"),
+                ("auth.oauth.test", "127.0.0.2"),
+            ];
+            o.extra_toml
+                .push_str("\n[egress]\nallow_private = [\"127.0.0.1/32\"]\n");
+        },
+    )
+    .await;
+    let client = s.gw.client("sb-a", false);
+    let (status, body) = s.get(&client).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "credential_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("127.0.0.2"), "{message}");
+    assert!(
+        message.contains("may not reach"),
+        "the guard refused it: {message}"
+    );
+    assert_eq!(s.endpoint.calls(), 0);
+    assert_eq!(
+        s.origin.count(),
+        0,
+        "nothing is forwarded without the credential"
+    );
+    s.assert_no_secret_leaked(&[]).await;
+}
+
 #[tokio::test]
 async fn a_secret_that_does_not_fit_the_grant_is_refused_without_being_quoted() {
     let s = setup("checked", "client_credentials", CLIENT_SECRET, 60).await;
     let response = reqwest::Client::new()
         .post(s.gw.api("/v1/workspaces/ws-a/credentials"))
-        .bearer_auth(admin_token(&s.gw))
+        .bearer_auth(ADMIN)
         .json(&serde_json::json!({
             "name": "rt",
             "secret": "{\"client_secret\": \"only-this-s3cr3t\"}",
@@ -678,7 +684,7 @@ async fn a_secret_that_does_not_fit_the_grant_is_refused_without_being_quoted() 
     assert!(!text.contains("only-this-s3cr3t"));
     let http_url = reqwest::Client::new()
         .post(s.gw.api("/v1/workspaces/ws-a/credentials"))
-        .bearer_auth(admin_token(&s.gw))
+        .bearer_auth(ADMIN)
         .json(&serde_json::json!({
             "name": "plain", "secret": "x",
             "destinations": [{"host": "api.oauth.test"}],
@@ -767,15 +773,7 @@ apply = {{ type = "github_app", app_id = 424242, installation_id = 9001, api_url
     .await;
 
     // The API, with the sandbox's placeholder as its token (replaced by the real one).
-    let env: serde_json::Value = reqwest::Client::new()
-        .get(gw.api("/v1/identities/sb-a/env"))
-        .bearer_auth(admin_token(&gw))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let env = gw.api_json("/v1/identities/sb-a/env", ADMIN).await;
     let placeholder = env["env"]["GITHUB_TOKEN"].as_str().unwrap().to_string();
     let client = gw.client("sb-a", true);
     let repo: serde_json::Value = client
@@ -850,15 +848,9 @@ apply = {{ type = "github_app", app_id = 424242, installation_id = 9001, api_url
         .unwrap();
     assert_eq!(api["auth_kind"], "bearer");
 
-    let view: serde_json::Value = reqwest::Client::new()
-        .get(gw.api("/v1/workspaces/ws-a/credentials/gh"))
-        .bearer_auth(admin_token(&gw))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let view = gw
+        .api_json("/v1/workspaces/ws-a/credentials/gh", ADMIN)
+        .await;
     assert_eq!(view["type"], "github_app");
     assert_eq!(view["token"]["last_refresh_outcome"], "ok");
     let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).into_owned();

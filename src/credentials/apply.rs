@@ -44,8 +44,6 @@ pub struct RequestView<'a> {
 #[derive(Default)]
 pub struct Applied {
     pub names: Vec<String>,
-    /// The `type` of each applied credential, in the order of `names`.
-    pub types: Vec<&'static str>,
     /// An AWS credential whose placeholder signed the request: the request is signed again
     /// with the real key once its final form is known (see [`AwsSigning::sign`]).
     pub aws: Option<AwsSigning>,
@@ -57,6 +55,14 @@ pub struct Applied {
 }
 
 impl Applied {
+    /// The `type` of each applied credential, in the order of `names`.
+    pub fn types(&self) -> Vec<&'static str> {
+        self.credentials
+            .iter()
+            .map(|c| c.meta.apply.kind())
+            .collect()
+    }
+
     /// Whether an applied credential was deleted or replaced since it was applied.
     pub fn retired(&self) -> bool {
         self.credentials.iter().any(|c| c.is_retired())
@@ -67,7 +73,7 @@ impl Applied {
 pub struct AwsSigning {
     credential: Arc<Credential>,
     signed_by: aws::SignedBy,
-    pub payload: aws::Payload,
+    payload: aws::Payload,
 }
 
 impl AwsSigning {
@@ -271,7 +277,6 @@ pub async fn apply(
         )
         .increment(1);
         applied.names.push(credential.meta.name.clone());
-        applied.types.push(credential.meta.apply.kind());
         applied.scrubbers.push(credential.scrubber.clone());
         applied.scrub_body |= credential.meta.scrub_response_body;
         applied.credentials.push(credential);

@@ -852,7 +852,7 @@ fn is_hex64(s: &str) -> bool {
 }
 
 /// A region or service name in a credential scope.
-fn is_scope_name(s: &str) -> bool {
+pub(crate) fn is_scope_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
         && s.bytes()

@@ -138,11 +138,6 @@ impl Apply {
             Apply::GithubApp { .. } => "github_app",
         }
     }
-
-    /// Whether the value applied is a short-lived token sandgate mints (see [`tokens`]).
-    pub fn mints(&self) -> bool {
-        matches!(self, Apply::Oauth2 { .. } | Apply::GithubApp { .. })
-    }
 }
 
 /// Everything about a credential except its secret: what the API returns.
@@ -215,7 +210,7 @@ impl CredentialMeta {
             }
             Apply::AwsSigv4 { service, region } => {
                 for (field, value) in [("apply.service", service), ("apply.region", region)] {
-                    if !aws_name(value) {
+                    if !aws::is_scope_name(value) {
                         return bad(field, "use 1-64 of a-z, 0-9 and '-'".into());
                     }
                 }
@@ -264,14 +259,6 @@ impl CredentialMeta {
     pub(crate) fn seal_context(&self) -> String {
         format!("credential\n{}\n{}", self.workspace, self.name)
     }
-}
-
-/// An AWS service or region name as it appears in a SigV4 credential scope.
-fn aws_name(value: &str) -> bool {
-    (1..=64).contains(&value.len())
-        && value
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
 /// 1-64 of `a-z`, `0-9`, `-`, `_`, `.`, starting with a letter or digit: a name is used in
@@ -410,7 +397,8 @@ impl std::fmt::Debug for Material {
 enum Parsed {
     Static,
     Aws(aws::AwsKeys),
-    Oauth2(oauth2::ClientSecrets),
+    /// The client, and the refresh token it starts from.
+    Oauth2(oauth2::Client, Option<Secret>),
     GithubApp(github::App),
 }
 
@@ -421,8 +409,23 @@ fn parse_secret(apply: &Apply, secret: &Secret) -> Result<Parsed, String> {
         Apply::AwsSigv4 { .. } => {
             Parsed::Aws(aws::AwsKeys::parse(secret).map_err(|e| e.to_string())?)
         }
-        Apply::Oauth2 { grant, .. } => {
-            Parsed::Oauth2(oauth2::ClientSecrets::parse(*grant, secret)?)
+        Apply::Oauth2 {
+            grant,
+            token_url,
+            client_id,
+            scopes,
+            client_auth,
+        } => {
+            let secrets = oauth2::ClientSecrets::parse(*grant, secret)?;
+            let client = oauth2::Client {
+                grant: *grant,
+                token_url: token_url.clone(),
+                client_id: client_id.clone(),
+                client_secret: secrets.client_secret,
+                scopes: scopes.clone(),
+                client_auth: *client_auth,
+            };
+            Parsed::Oauth2(client, secrets.refresh_token)
         }
         Apply::GithubApp {
             app_id,
@@ -445,10 +448,10 @@ impl Parsed {
                 .session_token
                 .as_ref()
                 .unwrap_or(&keys.secret_access_key),
-            Parsed::Oauth2(s) => s
+            Parsed::Oauth2(client, refresh_token) => client
                 .client_secret
                 .as_ref()
-                .or(s.refresh_token.as_ref())
+                .or(refresh_token.as_ref())
                 .unwrap_or(secret),
             Parsed::Static | Parsed::GithubApp(_) => secret,
         }
@@ -666,51 +669,30 @@ impl CredentialStore {
     }
 
     fn material(&self, meta: &CredentialMeta, version: i64, parsed: Parsed) -> Material {
+        let (minter, refresh_token, basic) = match parsed {
+            Parsed::Static => return Material::Static,
+            Parsed::Aws(keys) => return Material::Aws(keys),
+            Parsed::Oauth2(client, refresh_token) => {
+                (tokens::Minter::Oauth2(client), refresh_token, None)
+            }
+            Parsed::GithubApp(app) => (
+                tokens::Minter::GithubApp(app),
+                None,
+                Some(github::BASIC_USERNAME),
+            ),
+        };
         let owner = tokens::Owner {
             workspace: meta.workspace.clone(),
             name: meta.name.clone(),
             version,
         };
-        let source = |minter, refresh_token, basic| {
-            let minting = self.minting.clone();
-            Material::Tokens(Arc::new(tokens::TokenSource::new(
-                minter,
-                owner,
-                minting,
-                refresh_token,
-                basic,
-            )))
-        };
-        match (parsed, &meta.apply) {
-            (Parsed::Static, _) => Material::Static,
-            (Parsed::Aws(keys), _) => Material::Aws(keys),
-            (
-                Parsed::Oauth2(secrets),
-                Apply::Oauth2 {
-                    grant,
-                    token_url,
-                    client_id,
-                    scopes,
-                    client_auth,
-                },
-            ) => {
-                let client = oauth2::Client {
-                    grant: *grant,
-                    token_url: token_url.clone(),
-                    client_id: client_id.clone(),
-                    client_secret: secrets.client_secret,
-                    scopes: scopes.clone(),
-                    client_auth: *client_auth,
-                };
-                source(tokens::Minter::Oauth2(client), secrets.refresh_token, None)
-            }
-            (Parsed::GithubApp(app), _) => source(
-                tokens::Minter::GithubApp(app),
-                None,
-                Some(github::BASIC_USERNAME),
-            ),
-            (Parsed::Oauth2(_), _) => Material::Static,
-        }
+        Material::Tokens(Arc::new(tokens::TokenSource::new(
+            minter,
+            owner,
+            self.minting.clone(),
+            refresh_token,
+            basic,
+        )))
     }
 
     pub fn get(&self, workspace: &str, name: &str) -> Option<Arc<Credential>> {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::tokens::{Fresh, MintError};
+use super::tokens::{describe_send_error, printable, read_bounded, Fresh, MintError};
 use super::Secret;
 
 /// The grant sandgate uses at the token endpoint.
@@ -45,8 +45,6 @@ pub enum ClientAuth {
 
 /// Lifetime assumed when the endpoint does not say.
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(900);
-/// Longest token response read.
-const MAX_RESPONSE: usize = 64 * 1024;
 /// One token request's deadline.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -216,37 +214,6 @@ fn form_encode(text: &str) -> String {
     url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
-/// Reads at most [`MAX_RESPONSE`] bytes of a token endpoint's answer.
-pub(crate) async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, MintError> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| MintError::Transient(describe_send_error(&e)))?
-    {
-        if body.len() + chunk.len() > MAX_RESPONSE {
-            return Err(MintError::Rejected(format!(
-                "the token endpoint's answer is larger than {MAX_RESPONSE} bytes"
-            )));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
-pub(crate) fn describe_send_error(e: &reqwest::Error) -> String {
-    if e.is_timeout() {
-        "the token endpoint did not answer in time".into()
-    } else if e.is_connect() {
-        format!(
-            "cannot connect to the token endpoint: {}",
-            crate::error::chain(e)
-        )
-    } else {
-        format!("the token request failed: {}", crate::error::chain(e))
-    }
-}
-
 fn parse_token(body: &[u8]) -> Result<Fresh, MintError> {
     let parsed: TokenResponse = serde_json::from_slice(body).map_err(|_| {
         MintError::Transient("the token endpoint's answer is not a token response".into())
@@ -302,12 +269,6 @@ fn classify_failure(status: reqwest::StatusCode, body: &[u8]) -> MintError {
     } else {
         MintError::Rejected(what)
     }
-}
-
-/// At most `max` characters of `text`, without control characters (it goes into error
-/// messages and logs).
-pub(crate) fn printable(text: &str, max: usize) -> String {
-    text.chars().filter(|c| !c.is_control()).take(max).collect()
 }
 
 #[cfg(test)]

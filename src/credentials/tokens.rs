@@ -170,7 +170,7 @@ pub struct Owner {
 
 impl Owner {
     fn store_name(&self) -> String {
-        format!("oauth2-refresh-token/{}/{}", self.workspace, self.name)
+        rotated_refresh_token_name(&self.workspace, &self.name)
     }
 }
 
@@ -328,13 +328,13 @@ impl TokenSource {
         let outcome = result.as_ref().map_or_else(|e| e.outcome(), |_| "ok");
         metrics::counter!("sandgate_credential_refresh_total", "outcome" => outcome).increment(1);
         let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
-        status.last_refresh_at = Some(rfc3339(SystemTime::now()));
+        status.last_refresh_at = Some(crate::base::clock::rfc3339(SystemTime::now()));
         status.last_refresh_outcome = Some(outcome);
         status.refreshes += 1;
         match result {
             Ok(fresh) => {
                 let minted = Arc::new(Minted::new(&fresh, self.basic_username));
-                status.expires_at = Some(rfc3339(minted.expires_at));
+                status.expires_at = Some(crate::base::clock::rfc3339(minted.expires_at));
                 status.last_refresh_error = None;
                 *self.state.write().unwrap_or_else(|e| e.into_inner()) =
                     State::Ready(minted.clone());
@@ -407,18 +407,82 @@ impl TokenSource {
     }
 }
 
-fn rfc3339(at: SystemTime) -> String {
-    time::OffsetDateTime::from(at)
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
 /// The store name a credential's rotated refresh token is kept under (deleted with it).
 pub fn rotated_refresh_token_name(workspace: &str, name: &str) -> String {
-    Owner {
-        workspace: workspace.into(),
-        name: name.into(),
-        version: 0,
+    format!("oauth2-refresh-token/{workspace}/{name}")
+}
+
+/// Longest token endpoint answer read.
+const MAX_RESPONSE: usize = 64 * 1024;
+
+/// Reads at most [`MAX_RESPONSE`] bytes of a token endpoint's answer.
+pub(super) async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, MintError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| MintError::Transient(describe_send_error(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_RESPONSE {
+            return Err(MintError::Rejected(format!(
+                "the token endpoint's answer is larger than {MAX_RESPONSE} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
     }
-    .store_name()
+    Ok(body)
+}
+
+pub(super) fn describe_send_error(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "the token endpoint did not answer in time".into()
+    } else if e.is_connect() {
+        format!(
+            "cannot connect to the token endpoint: {}",
+            crate::error::chain(e)
+        )
+    } else {
+        format!("the token request failed: {}", crate::error::chain(e))
+    }
+}
+
+/// At most `max` characters of `text`, without control characters (it goes into error
+/// messages and logs).
+pub(super) fn printable(text: &str, max: usize) -> String {
+    text.chars().filter(|c| !c.is_control()).take(max).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// When a token stops being fresh and stops being used, from its lifetime: the last
+    /// quarter (at most 5 minutes) is the background-refresh window, the last tenth (at
+    /// most 30 s) is not used at all.
+    #[test]
+    fn refresh_and_use_windows_follow_the_lifetime() {
+        let windows = |secs: u64| {
+            let before = Instant::now();
+            let fresh = Fresh {
+                token: Secret::new("t"),
+                lifetime: Duration::from_secs(secs),
+                rotated_refresh_token: None,
+            };
+            let m = Minted::new(&fresh, None);
+            let after = before.elapsed();
+            let refresh = m.refresh_at.duration_since(before);
+            let usable = m.usable_until.duration_since(before);
+            (refresh, usable, after)
+        };
+        let close = |got: Duration, want: u64, slack: Duration| {
+            let want = Duration::from_secs(want);
+            got >= want && got <= want + slack
+        };
+        let (refresh, usable, slack) = windows(100);
+        assert!(close(refresh, 75, slack), "{refresh:?}");
+        assert!(close(usable, 90, slack), "{usable:?}");
+        let (refresh, usable, slack) = windows(3600);
+        assert!(close(refresh, 3300, slack), "{refresh:?}");
+        assert!(close(usable, 3570, slack), "{usable:?}");
+    }
 }

@@ -293,7 +293,7 @@ async fn credentials(
     .await
     .map_err(Stop::deny)?;
     ctx.outcome.credentials = applied.names.clone();
-    ctx.outcome.credential_types = applied.types.clone();
+    ctx.outcome.credential_types = applied.types();
     if identity.is_revoked() {
         return Err(Stop::deny(sandbox_inactive(&identity.id)));
     }
@@ -341,12 +341,13 @@ async fn upstream_request(
         })?;
     let websocket = upgrade.is_some();
     strip_hop_by_hop(&mut parts.headers, websocket);
+    // The client sets Host (h1) or :authority (h2) from the URI, which is the vetted target
+    // (and what an AWS signature covers: `sign_headers`).
+    parts.headers.remove(header::HOST);
     let body = match &applied.aws {
         Some(signing) => sign_aws(ctx, &mut parts, body, signing).await?,
         None => Either::Left(body),
     };
-    // The client sets Host (h1) or :authority (h2) from the URI, which is the vetted target.
-    parts.headers.remove(header::HOST);
     parts.version = Version::HTTP_11;
     if applied.scrub_body {
         // A compressed body could not be scrubbed.

@@ -346,11 +346,7 @@ impl PolicyEngine {
     /// Everything `GET /v1/policies` shows: what is loaded and serving, and what failed.
     pub fn report(&self) -> PolicyReport {
         let current = self.current();
-        let rfc3339 = |t: SystemTime| {
-            time::OffsetDateTime::from(t)
-                .format(&time::format_description::well_known::Rfc3339)
-                .unwrap_or_default()
-        };
+        let rfc3339 = crate::base::clock::rfc3339;
         let last_error = self
             .last_error
             .read()

@@ -575,6 +575,25 @@ impl Gateway {
         builder.build().unwrap()
     }
 
+    /// `GET {path}` on the API with a bearer `token`: the answer's body, whatever its status.
+    pub async fn api_get(&self, path: &str, token: &str) -> String {
+        reqwest::Client::new()
+            .get(self.api(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// [`Gateway::api_get`], read as JSON.
+    pub async fn api_json(&self, path: &str, token: &str) -> serde_json::Value {
+        let text = self.api_get(path, token).await;
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"))
+    }
+
     /// Egress decision records (`kind: "egress"`) written so far (waits briefly for the
     /// writer thread).
     pub async fn decisions(&self, min: usize) -> Vec<serde_json::Value> {
