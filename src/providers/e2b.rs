@@ -22,17 +22,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine as _;
-use bytes::Bytes;
 use futures_util::StreamExt;
 use http::StatusCode;
 use reqwest::Method;
 use sandgate_router::Source;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::connect_rpc::{self, Decoder};
 use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
 use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle, SandboxEntry};
 use super::{
@@ -40,9 +36,13 @@ use super::{
     ProviderError, RemoteEgress, RuntimeCapabilities, SnapshotInfo, Tags,
 };
 use crate::credentials::Secret;
+use crate::e2b::connect::{self as connect_rpc, Decoder};
+use crate::e2b::envd::{self, ProcessEvent};
+use crate::e2b::wire::{CreatedSandbox, ListedSandbox, SandboxDetail};
 
 /// envd's port, named in `E2b-Sandbox-Port`.
 const ENVD_PORT: &str = "49983";
+const _: () = assert!(envd::ENVD_PORT == 49983);
 /// Where sandgate's CA goes inside an E2B sandbox (the default user's home).
 pub const CA_PATH: &str = "/home/user/.sandgate/ca.pem";
 const TAG_SANDBOX: &str = "sandgate_sandbox";
@@ -273,34 +273,6 @@ pub fn lockdown(egress: &RemoteEgress) -> Option<Value> {
     })
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CreatedSandbox {
-    #[serde(rename = "sandboxID")]
-    sandbox_id: String,
-    #[serde(default)]
-    envd_access_token: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SandboxDetail {
-    #[serde(rename = "sandboxID")]
-    sandbox_id: String,
-    #[serde(default)]
-    envd_access_token: Option<String>,
-    #[serde(default)]
-    metadata: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ListedSandbox {
-    #[serde(rename = "sandboxID")]
-    sandbox_id: String,
-    #[serde(default)]
-    metadata: BTreeMap<String, String>,
-}
-
 fn instance(id: String, metadata: &BTreeMap<String, String>) -> Instance {
     Instance {
         id,
@@ -310,33 +282,6 @@ fn instance(id: String, metadata: &BTreeMap<String, String>) -> Instance {
         },
         // Paused sandboxes exist and hold capacity; both states are live.
         state: InstanceState::Running,
-    }
-}
-
-/// envd's EntryInfo (proto3 JSON: 64-bit sizes as strings, RFC 3339 times).
-fn entry(value: &Value) -> SandboxEntry {
-    let kind = match value["type"].as_str() {
-        _ if value["isSymlink"] == true => "symlink",
-        Some("FILE_TYPE_FILE") => "file",
-        Some("FILE_TYPE_DIRECTORY") => "dir",
-        _ => "other",
-    };
-    let size = value["size"]
-        .as_u64()
-        .or_else(|| value["size"].as_str()?.parse().ok())
-        .unwrap_or(0);
-    let modified_unix = value["modifiedTime"]
-        .as_str()
-        .and_then(|t| {
-            time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
-        })
-        .map_or(0, |t| t.unix_timestamp());
-    SandboxEntry {
-        name: value["name"].as_str().unwrap_or_default().to_string(),
-        kind,
-        size,
-        mode: value["mode"].as_u64().unwrap_or(0) as u32,
-        modified_unix,
     }
 }
 
@@ -441,7 +386,7 @@ impl Provider for E2b {
     ) -> BoxFuture<'a, Result<Option<Instance>, ProviderError>> {
         Box::pin(async move {
             let detail = self.detail(instance_id).await.map_err(provider_error)?;
-            Ok(detail.map(|d| instance(d.sandbox_id, &d.metadata)))
+            Ok(detail.map(|d| instance(d.listed.sandbox_id, &d.listed.metadata)))
         })
     }
 
@@ -452,14 +397,11 @@ impl Provider for E2b {
     ) -> BoxFuture<'a, Result<Vec<Instance>, ProviderError>> {
         Box::pin(async move {
             // The filter is one query value: `k=v&k2=v2`, each part URL-encoded.
-            let enc = |s: &str| {
-                percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
-                    .to_string()
-            };
-            let mut metadata = format!("{}={}", enc(TAG_SANDBOX), enc(sandbox_id));
+            let mut pairs = vec![(TAG_SANDBOX, sandbox_id)];
             if let Some(attempt) = attempt_id {
-                metadata.push_str(&format!("&{}={}", enc(TAG_ATTEMPT), enc(attempt)));
+                pairs.push((TAG_ATTEMPT, attempt));
             }
+            let metadata = crate::e2b::wire::metadata_filter(&pairs);
             let mut out = Vec::new();
             let mut next = None;
             for _ in 0..100 {
@@ -598,7 +540,7 @@ impl Provider for E2b {
                 .envd_unary(instance_id, "filesystem.Filesystem/ListDir", body)
                 .await?;
             let entries = answer["entries"].as_array().cloned().unwrap_or_default();
-            Ok(entries.iter().map(entry).collect())
+            Ok(entries.iter().map(envd::entry_from_info).collect())
         })
     }
 
@@ -787,7 +729,6 @@ async fn read_events(
     let mut decoder = Decoder::default();
     let mut body = response.bytes_stream();
     let mut exit: Option<ExitInfo> = None;
-    let b64 = base64::engine::general_purpose::STANDARD;
     while let Some(chunk) = body.next().await {
         let Ok(chunk) = chunk else {
             break;
@@ -812,31 +753,21 @@ async fn read_events(
             let Ok(message) = serde_json::from_slice::<Value>(&frame.payload) else {
                 continue;
             };
-            let event = &message["event"];
-            if let Some(p) = event["start"]["pid"].as_u64() {
-                *pid.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
-            }
-            for (field, stdout) in [("stdout", true), ("stderr", false)] {
-                if let Some(data) = event["data"][field].as_str() {
-                    let bytes = Bytes::from(b64.decode(data).unwrap_or_default());
-                    let item = if stdout {
-                        ExecEvent::Stdout(bytes)
-                    } else {
-                        ExecEvent::Stderr(bytes)
-                    };
-                    if tx.send(item).await.is_err() {
-                        return;
-                    }
+            let item = match envd::parse_event(&message) {
+                ProcessEvent::Start { pid: p } => {
+                    *pid.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+                    continue;
                 }
-            }
-            if event.get("end").is_some() {
-                let end = &event["end"];
-                let status = end["status"].as_str().unwrap_or("");
-                exit = Some(ExitInfo {
-                    code: Some(end["exitCode"].as_i64().unwrap_or(0) as i32),
-                    signal: signal_of(status),
-                    reason: ExitReason::Exited,
-                });
+                ProcessEvent::Stdout(bytes) => ExecEvent::Stdout(bytes),
+                ProcessEvent::Stderr(bytes) => ExecEvent::Stderr(bytes),
+                ProcessEvent::End(info) => {
+                    exit = Some(info);
+                    continue;
+                }
+                ProcessEvent::Keepalive | ProcessEvent::Other => continue,
+            };
+            if tx.send(item).await.is_err() {
+                return;
             }
         }
     }
@@ -847,18 +778,6 @@ async fn read_events(
         reason: ExitReason::Exited,
     });
     let _ = tx.send(ExecEvent::Exit(info)).await;
-}
-
-/// envd reports a killed process as `status: "signal: killed"` and the like.
-fn signal_of(status: &str) -> Option<i32> {
-    let name = status.strip_prefix("signal: ")?;
-    Some(match name {
-        "killed" => 9,
-        "terminated" => 15,
-        "interrupt" => 2,
-        "hangup" => 1,
-        _ => return None,
-    })
 }
 
 #[cfg(test)]
@@ -923,11 +842,5 @@ mod tests {
             classify(&failure(None, json!(null), true)),
             ErrorClass::Unknown
         );
-    }
-
-    #[test]
-    fn signals_are_read_from_envd_status() {
-        assert_eq!(signal_of("signal: killed"), Some(9));
-        assert_eq!(signal_of("exit status 1"), None);
     }
 }

@@ -15,7 +15,6 @@
 //! - Every error carries a class ([`ErrorClass`]) that decides what the coordinator does:
 //!   advance to the next pool, end the operation, or reconcile.
 
-pub mod connect_rpc;
 pub mod daytona;
 pub mod e2b;
 pub mod export;
