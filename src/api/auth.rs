@@ -67,6 +67,20 @@ impl ApiAuth {
         Ok(ApiAuth { tokens: out })
     }
 
+    /// Principals by secret (the E2B facade's API keys).
+    pub fn from_secrets(entries: Vec<(String, Principal)>) -> ApiAuth {
+        ApiAuth {
+            tokens: entries
+                .into_iter()
+                .map(|(secret, p)| (secret.into_bytes(), Arc::new(p)))
+                .collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
     /// Compares against every token in constant time, so timing reveals nothing.
     pub fn authenticate(&self, header: Option<&HeaderValue>) -> Option<Arc<Principal>> {
         let value = header?.to_str().ok()?;
@@ -74,7 +88,11 @@ impl ApiAuth {
         if !scheme.eq_ignore_ascii_case("bearer") {
             return None;
         }
-        let token = token.trim().as_bytes();
+        self.authenticate_secret(token.trim().as_bytes())
+    }
+
+    /// The principal `token` stands for, compared in constant time against every one.
+    pub fn authenticate_secret(&self, token: &[u8]) -> Option<Arc<Principal>> {
         let mut found = None;
         for (candidate, principal) in &self.tokens {
             if bool::from(candidate.as_slice().ct_eq(token)) {
@@ -87,37 +105,9 @@ impl ApiAuth {
     /// The embedded default's credential: an admin token for workspace `default`, read from
     /// `file` or generated into it (mode 0600) on first start.
     pub fn local_admin(file: &std::path::Path) -> std::io::Result<ApiAuth> {
-        if !file.exists() {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent)?;
-            }
-            let mut out = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(file)?;
-            out.write_all(format!("sgt_{}\n", crate::base::ids::random_hex(24)).as_bytes())?;
-            out.sync_all()?;
-        }
-        let token = std::fs::read_to_string(file)?.trim().to_string();
-        if token.len() < 16 {
-            return Err(std::io::Error::other(format!(
-                "{} holds no usable token; delete it to get a new one",
-                file.display()
-            )));
-        }
+        let token = local_secret(file, "sgt_", 24)?;
         Ok(ApiAuth {
-            tokens: vec![(
-                token.into_bytes(),
-                Arc::new(Principal {
-                    principal: "local-admin".into(),
-                    workspace: "default".into(),
-                    roles: vec!["admin".into()],
-                    delegation: None,
-                }),
-            )],
+            tokens: vec![(token.into_bytes(), Arc::new(local_admin_principal()))],
         })
     }
 
@@ -129,6 +119,43 @@ impl ApiAuth {
             .find(|p| p.principal == principal && p.workspace == workspace)
             .cloned()
     }
+}
+
+/// The embedded default's admin: principal `local-admin` in workspace `default`.
+pub fn local_admin_principal() -> Principal {
+    Principal {
+        principal: "local-admin".into(),
+        workspace: "default".into(),
+        roles: vec!["admin".into()],
+        delegation: None,
+    }
+}
+
+/// A secret kept in `file`: read, or generated into it (`prefix` and `bytes` random bytes
+/// in hex, mode 0600) on first start.
+pub fn local_secret(file: &std::path::Path, prefix: &str, bytes: usize) -> std::io::Result<String> {
+    if !file.exists() {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(file)?;
+        out.write_all(format!("{prefix}{}\n", crate::base::ids::random_hex(bytes)).as_bytes())?;
+        out.sync_all()?;
+    }
+    let token = std::fs::read_to_string(file)?.trim().to_string();
+    if token.len() < 16 {
+        return Err(std::io::Error::other(format!(
+            "{} holds no usable secret; delete it to get a new one",
+            file.display()
+        )));
+    }
+    Ok(token)
 }
 
 fn bearer(header: Option<&HeaderValue>) -> Option<&str> {

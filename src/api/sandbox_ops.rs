@@ -268,6 +268,23 @@ pub struct ExecBody {
     timeout_ms: Option<u64>,
 }
 
+impl ExecBody {
+    /// An exec as another front end (the E2B facade) asks for it; checked like a body.
+    pub(crate) fn new(
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: Option<String>,
+        timeout_ms: Option<u64>,
+    ) -> ExecBody {
+        ExecBody {
+            argv,
+            env,
+            cwd,
+            timeout_ms,
+        }
+    }
+}
+
 /// Run a command in a sandbox; output streams back as NDJSON.
 #[utoipa::path(
     post,
@@ -371,12 +388,15 @@ fn check_exec(body: &ExecBody) -> Result<(), ErrorReply> {
     Ok(())
 }
 
-async fn start_exec(
+/// Checks, authorizes (`sandgate.action`, `exec`) and starts a command: the module
+/// contract's steps for an exec, shared by every front end (this API's NDJSON stream and
+/// the E2B facade's Connect stream).
+pub(crate) async fn start_command(
     state: &ApiState,
     caller: &Principal,
     id: &str,
     body: ExecBody,
-) -> Result<Response, ErrorReply> {
+) -> Result<crate::providers::ExecStream, ErrorReply> {
     check_exec(&body)?;
     let timeout = body.timeout_ms.map(Duration::from_millis);
     // Environment values may hold secrets: policy sees the names only.
@@ -399,6 +419,17 @@ async fn start_exec(
         )
         .await
         .map_err(op_error)?;
+    metrics::counter!("sandgate_sandbox_execs_total").increment(1);
+    Ok(stream)
+}
+
+async fn start_exec(
+    state: &ApiState,
+    caller: &Principal,
+    id: &str,
+    body: ExecBody,
+) -> Result<Response, ErrorReply> {
+    let stream = start_command(state, caller, id, body).await?;
     let exec_id = format!("ex-{}", crate::base::ids::random_hex(8));
     state.execs.map().insert(
         exec_id.clone(),
@@ -407,7 +438,6 @@ async fn start_exec(
             cancel: stream.cancel.clone(),
         },
     );
-    metrics::counter!("sandgate_sandbox_execs_total").increment(1);
     tracing::info!(sandbox = %id, exec = %exec_id, principal = %caller.principal, "exec started");
     let registered = Registered {
         registry: state.execs.clone(),
@@ -527,18 +557,6 @@ impl QueryParams for PathQuery {
 
 type PathParam = Query<PathQuery>;
 
-/// A file path is 1 to 4096 bytes without NUL (other bytes are legal in Linux file names,
-/// so a file with a newline in its name can still be read or removed).
-fn path_query(Query(q): PathParam) -> Result<PathQuery, ErrorReply> {
-    if q.path.is_empty() || q.path.len() > MAX_PATH_BYTES || q.path.contains('\0') {
-        return Err(invalid(
-            "path",
-            format!("`path` must be 1 to {MAX_PATH_BYTES} bytes without a NUL character"),
-        ));
-    }
-    Ok(q)
-}
-
 async fn file_op<F, T>(
     state: &ApiState,
     caller: &Principal,
@@ -554,11 +572,43 @@ where
         &'a PathQuery,
     ) -> crate::providers::BoxFuture<'a, Result<T, OpError>>,
 {
-    let q = path_query(q)?;
-    let detail = json!({"file": {"path": q.path}});
+    let Query(q) = q;
+    file_action(state, caller, id, operation, &q.path, &q, op).await
+}
+
+/// Authorizes (`sandgate.action`, `operation` with `input.file.path`) and runs one file
+/// operation on a live sandbox: shared by every front end.
+///
+/// A file path is 1 to 4096 bytes without NUL (other bytes are legal in Linux file names,
+/// so a file with a newline in its name can still be read or removed).
+/// `op` gets the adapter, the instance and `with` (what it needs borrowed, such as paths).
+pub(crate) async fn file_action<C, F, T>(
+    state: &ApiState,
+    caller: &Principal,
+    id: &str,
+    operation: &'static str,
+    path: &str,
+    with: &C,
+    op: F,
+) -> Result<T, ErrorReply>
+where
+    C: ?Sized,
+    F: for<'a> FnOnce(
+        &'a dyn Provider,
+        &'a str,
+        &'a C,
+    ) -> crate::providers::BoxFuture<'a, Result<T, OpError>>,
+{
+    if path.is_empty() || path.len() > MAX_PATH_BYTES || path.contains('\0') {
+        return Err(invalid(
+            "path",
+            format!("`path` must be 1 to {MAX_PATH_BYTES} bytes without a NUL character"),
+        ));
+    }
+    let detail = json!({"file": {"path": path}});
     let (located, adapter) =
         authorize(state, caller, id, "action", operation, detail, LIVE).await?;
-    op(adapter.as_ref(), instance(&located), &q)
+    op(adapter.as_ref(), instance(&located), with)
         .await
         .map_err(op_error)
 }
@@ -700,34 +750,40 @@ async fn transition(
     id: String,
     op: Lifecycle,
 ) -> Response {
-    let result = async {
-        let (located, adapter) = authorize(
-            &state,
-            &caller,
-            &id,
-            "lifecycle",
-            op.as_str(),
-            json!({}),
-            op.from_states(),
-        )
-        .await?;
-        adapter
-            .lifecycle(instance(&located), op)
-            .await
-            .map_err(op_error)?;
-        state
-            .sandboxes
-            .set_state(&id, op.from_states(), op.resulting_state())
-            .await?;
-        tracing::info!(sandbox = %id, operation = op.as_str(), principal = %caller.principal, "sandbox lifecycle");
-        state.sandboxes.view(&id).await
-    }
-    .await;
-    match result {
+    match lifecycle(&state, &caller, &id, op).await {
         Ok(Some(view)) => Json(view).into_response(),
         Ok(None) => not_found(&id).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// Authorizes (`sandgate.lifecycle`) and performs one transition; the sandbox after it.
+pub(crate) async fn lifecycle(
+    state: &ApiState,
+    caller: &Principal,
+    id: &str,
+    op: Lifecycle,
+) -> Result<Option<Value>, ErrorReply> {
+    let (located, adapter) = authorize(
+        state,
+        caller,
+        id,
+        "lifecycle",
+        op.as_str(),
+        json!({}),
+        op.from_states(),
+    )
+    .await?;
+    adapter
+        .lifecycle(instance(&located), op)
+        .await
+        .map_err(op_error)?;
+    state
+        .sandboxes
+        .set_state(id, op.from_states(), op.resulting_state())
+        .await?;
+    tracing::info!(sandbox = %id, operation = op.as_str(), principal = %caller.principal, "sandbox lifecycle");
+    state.sandboxes.view(id).await
 }
 
 macro_rules! lifecycle_route {
@@ -811,35 +867,49 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Response {
-    let result = async {
-        let max = crate::create::body::MAX_TTL_SECS;
-        if body.ttl_secs == 0 || body.ttl_secs > max {
-            return Err(ErrorReply::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                format!("`ttl_secs`: must be 1 to {max} seconds"),
-            )
-            .with_details(json!({"field": "ttl_secs"})));
-        }
-        authorize(
-            &state,
-            &caller,
-            &id,
-            "lifecycle",
-            "set_timeout",
-            json!({"timeout": {"ttl_secs": body.ttl_secs}}),
-            &["pending", "provisioning", "reconciling", "running", "paused", "stopped"],
-        )
-        .await?;
-        tracing::info!(sandbox = %id, ttl_secs = body.ttl_secs, principal = %caller.principal, "sandbox lifetime set");
-        state.sandboxes.set_timeout(&id, body.ttl_secs).await
-    }
-    .await;
-    match result {
+    match set_lifetime(&state, &caller, &id, body.ttl_secs).await {
         Ok(Some(view)) => Json(view).into_response(),
         Ok(None) => not_found(&id).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// Authorizes (`sandgate.lifecycle`, `set_timeout`) and sets the sandbox's end `ttl_secs`
+/// from now; the sandbox after it.
+pub(crate) async fn set_lifetime(
+    state: &ApiState,
+    caller: &Principal,
+    id: &str,
+    ttl_secs: u64,
+) -> Result<Option<Value>, ErrorReply> {
+    let max = crate::create::body::MAX_TTL_SECS;
+    if ttl_secs == 0 || ttl_secs > max {
+        return Err(ErrorReply::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("`ttl_secs`: must be 1 to {max} seconds"),
+        )
+        .with_details(json!({"field": "ttl_secs"})));
+    }
+    authorize(
+        state,
+        caller,
+        id,
+        "lifecycle",
+        "set_timeout",
+        json!({"timeout": {"ttl_secs": ttl_secs}}),
+        &[
+            "pending",
+            "provisioning",
+            "reconciling",
+            "running",
+            "paused",
+            "stopped",
+        ],
+    )
+    .await?;
+    tracing::info!(sandbox = %id, ttl_secs, principal = %caller.principal, "sandbox lifetime set");
+    state.sandboxes.set_timeout(id, ttl_secs).await
 }
 
 /// `POST .../snapshot` body (optional; empty = a provider snapshot).

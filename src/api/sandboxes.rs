@@ -234,11 +234,24 @@ pub async fn remove(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    // Any state may be deleted (a failed create included); policy still decides.
+    match delete_sandbox(&state, &caller, &id).await {
+        Ok(Some(view)) => Json(view).into_response(),
+        Ok(None) => not_found(&id),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Authorizes (`sandgate.lifecycle`, `delete`) and deletes a sandbox in any state (a failed
+/// create included); `None` when there is no such sandbox.
+pub(crate) async fn delete_sandbox(
+    state: &ApiState,
+    caller: &super::auth::Principal,
+    id: &str,
+) -> Result<Option<Value>, ErrorReply> {
     let authorized = super::sandbox_ops::authorize(
-        &state,
-        &caller,
-        &id,
+        state,
+        caller,
+        id,
         "lifecycle",
         "delete",
         json!({}),
@@ -249,11 +262,7 @@ pub async fn remove(
         Ok(_) => {}
         // Not yet placed: no adapter, nothing to ask the provider; deleting is still allowed.
         Err(e) if e.code == "unsupported" => {}
-        Err(e) => return e.into_response(),
+        Err(e) => return Err(e),
     }
-    match state.sandboxes.delete(&id).await {
-        Ok(Some(view)) => Json(view).into_response(),
-        Ok(None) => not_found(&id),
-        Err(e) => e.into_response(),
-    }
+    state.sandboxes.delete(id).await
 }

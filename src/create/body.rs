@@ -6,6 +6,8 @@
 //! ([`sandgate_router::Request::validate`], plus the names here): every error is a field path
 //! and what is allowed, never the value.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use sandgate_router::Request;
@@ -26,7 +28,13 @@ pub const FIELDS: &[&str] = &[
     "snapshot",
     "dry_run",
     "ttl_secs",
+    "env",
 ];
+
+/// Most variables a create's `env` may hold.
+pub const MAX_ENV_VARS: usize = 256;
+/// Longest value of one `env` variable, in bytes.
+pub const MAX_ENV_VALUE_BYTES: usize = 32 * 1024;
 
 /// The longest lifetime a create may ask for (`ttl_secs`): 30 days.
 pub const MAX_TTL_SECS: u64 = 30 * 24 * 3600;
@@ -62,6 +70,18 @@ pub struct CreateBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 2592000)]
     pub ttl_secs: Option<u64>,
+    /// Environment variables every process of the sandbox gets (E2B's `envVars`). Names are
+    /// `[A-Za-z_][A-Za-z0-9_]*` (at most 256 bytes), values at most 32 KiB without NUL, at
+    /// most 256 variables; the proxy and CA variables cannot be set. Values may be secrets:
+    /// they are sealed at rest, policy sees the names only (`input.request.env_names`), and
+    /// no answer shows them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Storage only: `env`, sealed (see `create::stored_body`). Never accepted from a caller
+    /// (it is not in [`FIELDS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub env_sealed: Option<String>,
     #[serde(flatten)]
     #[schema(value_type = openapi::ClosedRequest, inline)]
     pub request: Request,
@@ -184,6 +204,7 @@ impl CreateBody {
                 message: format!("must be 1 to {MAX_TTL_SECS} seconds"),
             });
         }
+        check_env(&body.env)?;
         if body.credentials.len() > sandgate_router::MAX_ENTRIES {
             return Err(BodyError {
                 field: "credentials".into(),
@@ -209,6 +230,21 @@ impl CreateBody {
             }
         }
         Ok(body)
+    }
+
+    /// The body as policy sees it (`input.request`): `env` values may be secrets, so only
+    /// their names are given, as `env_names`.
+    pub fn policy_view(&self) -> serde_json::Value {
+        let mut view = serde_json::to_value(self).unwrap_or_default();
+        if let Some(o) = view.as_object_mut() {
+            o.remove("env");
+            o.remove("env_sealed");
+            o.insert(
+                "env_names".into(),
+                self.env.keys().cloned().collect::<Vec<_>>().into(),
+            );
+        }
+        view
     }
 
     /// A digest of the canonical form, so the same request with different formatting or key
@@ -257,6 +293,57 @@ struct CreateBodyExtras {
     #[serde(default)]
     #[allow(dead_code)]
     ttl_secs: Option<u64>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    env: BTreeMap<String, String>,
+}
+
+/// A sandbox's `env`: bounded, names a shell can export, values the kernel can pass, and
+/// none of the variables sandgate sets for egress (a sandbox's proxy and CA are not the
+/// caller's to move). Messages name the variable, never its value.
+fn check_env(env: &BTreeMap<String, String>) -> Result<(), BodyError> {
+    let error = |field: String, message: String| Err(BodyError { field, message });
+    if env.len() > MAX_ENV_VARS {
+        return error(
+            "env".into(),
+            format!("must have at most {MAX_ENV_VARS} variables"),
+        );
+    }
+    for (name, value) in env {
+        let valid = !name.is_empty()
+            && name.len() <= 256
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return error(
+                "env".into(),
+                "a variable name must be 1 to 256 of A-Z, a-z, 0-9 and '_', not starting with a digit".into(),
+            );
+        }
+        if is_reserved_env(name) {
+            return error(
+                format!("env.{name}"),
+                "is set by sandgate (the sandbox's proxy, CA or NO_PROXY) and cannot be given"
+                    .into(),
+            );
+        }
+        if value.len() > MAX_ENV_VALUE_BYTES || value.contains('\0') {
+            return error(
+                format!("env.{name}"),
+                format!("must be at most {MAX_ENV_VALUE_BYTES} bytes without a NUL character"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The variables sandgate sets in every sandbox for its egress.
+pub fn is_reserved_env(name: &str) -> bool {
+    crate::localbox::PROXY_ENV_VARS
+        .iter()
+        .chain(crate::localbox::CA_ENV_VARS.iter())
+        .any(|v| v.eq_ignore_ascii_case(name))
+        || name.eq_ignore_ascii_case("NO_PROXY")
 }
 
 fn sort_keys(v: serde_json::Value) -> serde_json::Value {
@@ -298,6 +385,25 @@ mod tests {
             "credentials[1]"
         );
         assert!(CreateBody::parse(json!({"resources": {"cpu": 0.5}, "labels": {"a": ""}})).is_ok());
+    }
+
+    #[test]
+    fn env_is_bounded_and_cannot_move_the_proxy() {
+        let field = |v| CreateBody::parse(v).unwrap_err().field;
+        assert_eq!(
+            field(json!({"env": {"HTTPS_PROXY": "http://x"}})),
+            "env.HTTPS_PROXY"
+        );
+        assert_eq!(field(json!({"env": {"no_proxy": "*"}})), "env.no_proxy");
+        assert_eq!(
+            field(json!({"env": {"SSL_CERT_FILE": "/x"}})),
+            "env.SSL_CERT_FILE"
+        );
+        assert_eq!(field(json!({"env": {"1A": "x"}})), "env");
+        assert_eq!(field(json!({"env": {"A": "x\u{0}"}})), "env.A");
+        assert_eq!(field(json!({"env_sealed": "x"})), "env_sealed");
+        let body = CreateBody::parse(json!({"env": {"API_KEY": "v", "_x1": ""}})).unwrap();
+        assert_eq!(body.env["API_KEY"], "v");
     }
 
     #[test]

@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -396,7 +397,7 @@ impl Coordinator {
             })
             .map_err(internal)?,
             state: "pending".into(),
-            request_json: serde_json::to_string(&body).map_err(internal)?,
+            request_json: self.stored_body(&body, &id)?,
             labels_json: serde_json::to_string(&request.labels).map_err(internal)?,
             candidates_json: serde_json::to_string(&candidates).map_err(internal)?,
             placement_json: None,
@@ -532,6 +533,32 @@ impl Coordinator {
     /// false`. Without it (a replay) the egress block is the one `GET` shows, the token's
     /// place marked `{token}`, with `token_already_shown: true`: a token shown twice is a
     /// token that can leak twice, from a retrying client's logs or a shared key.
+    /// Waits (up to `within`) for a create still being placed to settle, then answers as a
+    /// create would: the sandbox, or the refusal it ended in. For front ends whose protocol
+    /// has no "accepted, still placing" answer (the E2B facade). Its status is 202 when the
+    /// wait ran out first.
+    pub async fn settle(
+        &self,
+        id: &str,
+        within: Duration,
+    ) -> Result<(StatusCode, Value), ErrorReply> {
+        let deadline = Instant::now() + within;
+        loop {
+            let row = self.deps.store.get_sandbox(id).await.map_err(internal)?;
+            let placing = row.as_ref().is_some_and(|r| {
+                matches!(r.state.as_str(), "pending" | "provisioning" | "reconciling")
+            });
+            if !placing {
+                return self.respond(id, None).await;
+            }
+            if Instant::now() >= deadline {
+                let (_, view) = self.respond(id, None).await?;
+                return Ok((StatusCode::ACCEPTED, view));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn respond(
         &self,
         id: &str,
@@ -608,7 +635,16 @@ impl Coordinator {
     /// A sandbox as listed; [`Coordinator::view`] adds its placement record (kept out of
     /// list pages: it explains every pool, and a page holds up to a hundred sandboxes).
     fn render(&self, row: &SandboxRow, attempts: &[AttemptRow]) -> Value {
-        let request: Value = serde_json::from_str(&row.request_json).unwrap_or(Value::Null);
+        let mut request: Value = serde_json::from_str(&row.request_json).unwrap_or(Value::Null);
+        if let Some(o) = request.as_object_mut() {
+            // Values of `env` are sealed and never shown; their names are.
+            o.remove("env_sealed");
+            if let Some(Value::Object(env)) = o.get_mut("env") {
+                for value in env.values_mut() {
+                    *value = json!("(sealed)");
+                }
+            }
+        }
         let labels: Value = serde_json::from_str(&row.labels_json).unwrap_or(json!({}));
         let placement: Value = row
             .placement_json
@@ -821,8 +857,13 @@ impl Coordinator {
         };
         let principal: StoredPrincipal =
             serde_json::from_str(&row.principal_json).map_err(|e| parse("principal", e))?;
-        let body: CreateBody =
+        let mut body: CreateBody =
             serde_json::from_str(&row.request_json).map_err(|e| parse("request", e))?;
+        self.open_env(&mut body, id)
+            .map_err(|reason| StoreError::Open {
+                path: format!("sandbox {id}"),
+                reason,
+            })?;
         let candidates: Vec<StoredCandidate> =
             serde_json::from_str(&row.candidates_json).map_err(|e| parse("candidates", e))?;
         Ok(Some(Job {
@@ -997,7 +1038,7 @@ impl Coordinator {
             },
             "workspace": job.row.workspace,
             "sandbox": {"id": job.row.id, "workspace": job.row.workspace, "labels": job.request.labels},
-            "request": serde_json::to_value(&job.body).unwrap_or(Value::Null),
+            "request": job.body.policy_view(),
             "pool": pool.map(|p| json!({
                 "name": p.name.as_ref(),
                 "provider": cand.provider,
@@ -1569,15 +1610,59 @@ impl Coordinator {
         Ok(())
     }
 
-    /// The placeholder variable of each bound credential that declares one: what the
-    /// sandbox's processes see instead of the secret.
+    /// The body as stored: `env` sealed into `env_sealed` (its values may be secrets; the
+    /// rest of the body is not).
+    fn stored_body(&self, body: &CreateBody, id: &str) -> Result<String, ErrorReply> {
+        let mut stored = body.clone();
+        if !stored.env.is_empty() {
+            let plain =
+                serde_json::to_string(&std::mem::take(&mut stored.env)).map_err(internal)?;
+            let sealed = self
+                .deps
+                .credentials
+                .key()
+                .seal(&Secret::new(plain), &env_context(id))
+                .map_err(internal)?;
+            stored.env_sealed = Some(base64::engine::general_purpose::STANDARD.encode(sealed));
+            // The names are not secret: kept readable for the sandbox's view.
+            stored.env = body
+                .env
+                .keys()
+                .map(|k| (k.clone(), String::new()))
+                .collect();
+        }
+        serde_json::to_string(&stored).map_err(internal)
+    }
+
+    /// Unseals a stored body's `env`; `Err` says why it cannot be.
+    fn open_env(&self, body: &mut CreateBody, id: &str) -> Result<(), String> {
+        let Some(sealed) = body.env_sealed.take() else {
+            return Ok(());
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(sealed)
+            .map_err(|_| "the stored env is not base64".to_string())?;
+        let plain = self
+            .deps
+            .credentials
+            .key()
+            .open(&bytes, &env_context(id))
+            .map_err(|e| format!("the stored env cannot be unsealed: {e}"))?;
+        body.env = serde_json::from_str(plain.expose())
+            .map_err(|_| "the stored env is unreadable".to_string())?;
+        Ok(())
+    }
+
+    /// The sandbox's environment: the create's `env`, then the placeholder variable of each
+    /// bound credential that declares one (what its processes see instead of the secret;
+    /// a placeholder wins over an `env` variable of the same name).
     fn placeholder_env(
         &self,
         sandbox_id: &str,
         workspace: &str,
         body: &CreateBody,
     ) -> BTreeMap<String, String> {
-        let mut env = BTreeMap::new();
+        let mut env = body.env.clone();
         for name in &body.credentials {
             let Some(credential) = self.deps.credentials.get(workspace, name) else {
                 continue;
@@ -1987,6 +2072,10 @@ fn placement_json(cand: &StoredCandidate, instance_id: &str, lockdown: Option<Va
 }
 
 /// The associated data a sandbox's egress token is sealed with.
+fn env_context(sandbox_id: &str) -> String {
+    format!("sandbox-env\n{sandbox_id}")
+}
+
 pub(crate) fn token_context(sandbox_id: &str) -> String {
     format!("sandbox-token\n{sandbox_id}")
 }

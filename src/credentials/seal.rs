@@ -196,6 +196,18 @@ impl MasterKey {
     }
 }
 
+impl MasterKey {
+    /// A sandbox's envd access token for the E2B facade (`X-Access-Token`): derived, so
+    /// every replica sharing the key computes the same one and nothing needs storing;
+    /// unguessable without the master key; one per sandbox. (Its message has one line
+    /// break where a placeholder's has two, so the two never coincide.)
+    pub fn envd_token(&self, sandbox_id: &str) -> String {
+        let message = format!("e2b-envd-access-token\n{sandbox_id}");
+        let tag = hmac::sign(&self.placeholder_key, message.as_bytes());
+        hex(&tag.as_ref()[..24])
+    }
+}
+
 /// Every placeholder starts with this; the proxy looks for it in headers and query strings.
 pub const PLACEHOLDER_PREFIX: &str = "sgph_";
 /// Length of a whole placeholder: the prefix plus 40 hex characters.
