@@ -66,6 +66,9 @@ pub struct Config {
     pub create: CreateConfig,
     /// The `kind = "local"` provider: namespaced sandboxes on this machine.
     pub local: LocalConfig,
+    /// `[e2b]`: the E2B-compatible API (off unless `listen` is set), for the official E2B
+    /// SDKs; see `crate::facade`.
+    pub e2b: E2bConfig,
     /// What this process serves (`sandgate serve --role`, `SANDGATE_ROLE`); not a file key,
     /// so one configuration file serves every role of a deployment.
     #[serde(skip)]
@@ -631,6 +634,105 @@ impl Default for ApiConfig {
     }
 }
 
+/// `[e2b]`: the E2B-compatible facade. Every call becomes the sandgate operation it names,
+/// through the same router, coordinator and policy layers as `/v1`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct E2bConfig {
+    /// Where the facade listens (control plane and envd on one origin): the SDKs'
+    /// `E2B_API_URL` and `E2B_SANDBOX_URL`. Unset: no facade. Also `sandgate serve
+    /// --e2b-listen`.
+    pub listen: Option<SocketAddr>,
+    /// The `domain` answered to the SDKs; envd is also reached as `49983-<id>.<domain>`
+    /// through a wildcard DNS name pointing at `listen`.
+    pub domain: String,
+    /// `X-API-Key` values (`e2b_<hex>`) and the principal each stands for.
+    pub api_keys: Vec<E2bKeyConfig>,
+    /// With no `api_keys`, generate one key for the local admin (principal `local-admin`,
+    /// workspace `default`) into `e2b-api-key` next to the database (mode 0600), as
+    /// `[api] generate_local_token` does for the API.
+    pub generate_local_key: bool,
+    /// `templateID` → what to create. A template not listed here is refused, except
+    /// `base` (the SDKs' default), which creates the pool's default source.
+    pub templates: BTreeMap<String, E2bTemplate>,
+}
+
+impl E2bConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (i, key) in self.api_keys.iter().enumerate() {
+            if let Some(k) = &key.key {
+                if !valid_e2b_key(k) {
+                    return Err(ConfigError::invalid(
+                        format!("e2b.api_keys[{i}].key"),
+                        "must be `e2b_` followed by 20 to 128 hex digits",
+                    ));
+                }
+            }
+            if key.key.is_none() && key.key_env.is_none() {
+                return Err(ConfigError::invalid(
+                    format!("e2b.api_keys[{i}]"),
+                    "needs key or key_env",
+                ));
+            }
+        }
+        if sandgate_router::check_text(&self.domain, 253, false).is_some()
+            || self.domain.is_empty()
+            || self.domain.contains(['/', ':', ' '])
+        {
+            return Err(ConfigError::invalid("e2b.domain", "must be a DNS name"));
+        }
+        Ok(())
+    }
+}
+
+/// `e2b_` and 20 to 128 hex digits: E2B's API key format.
+pub fn valid_e2b_key(key: &str) -> bool {
+    key.strip_prefix("e2b_").is_some_and(|hex| {
+        (20..=128).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    })
+}
+
+impl Default for E2bConfig {
+    fn default() -> Self {
+        E2bConfig {
+            listen: None,
+            domain: "sandgate.localhost".into(),
+            api_keys: Vec::new(),
+            generate_local_key: true,
+            templates: BTreeMap::new(),
+        }
+    }
+}
+
+/// One E2B API key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct E2bKeyConfig {
+    /// The key itself (`e2b_` and hex); prefer `key_env`.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Environment variable holding the key.
+    #[serde(default)]
+    pub key_env: Option<String>,
+    pub principal: String,
+    pub workspace: String,
+    #[serde(default)]
+    pub roles: Vec<String>,
+}
+
+/// What one E2B `templateID` creates: the create body's `source`, and optionally a pinned
+/// `provider` and `resources` (the fields of `POST /v1/sandboxes`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct E2bTemplate {
+    #[serde(default)]
+    pub source: Option<sandgate_router::Source>,
+    #[serde(default)]
+    pub provider: Option<String>,
+    #[serde(default)]
+    pub resources: Option<sandgate_router::Resources>,
+}
+
 /// `Authorization: Bearer <token>` → principal.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -851,6 +953,7 @@ impl Config {
         }
         self.proxy.validate_tls()?;
         self.store.validate()?;
+        self.e2b.validate()?;
         if self.tls.leaf_validity_hours == 0 || self.tls.leaf_validity_hours > 24 * 90 {
             return Err(ConfigError::invalid(
                 "tls.leaf_validity_hours",

@@ -88,6 +88,10 @@ enum Command {
         /// only /livez, /readyz, /healthz and /metrics).
         #[arg(long, value_enum, env = "SANDGATE_ROLE", default_value = "all")]
         role: sandgate::config::Role,
+        /// Serve the E2B-compatible API here (overrides `[e2b] listen`); point the E2B SDKs'
+        /// `E2B_API_URL` and `E2B_SANDBOX_URL` at it.
+        #[arg(long, env = "SANDGATE_E2B_LISTEN")]
+        e2b_listen: Option<std::net::SocketAddr>,
     },
     /// Manage the interception CA that sandboxes must trust.
     Ca {
@@ -199,9 +203,16 @@ fn main() -> anyhow::Result<()> {
             let code = runtime.block_on(sandgate::demo::run())?;
             std::process::exit(code);
         }
-        Command::Serve { config, role } => {
+        Command::Serve {
+            config,
+            role,
+            e2b_listen,
+        } => {
             let mut config = Config::load(config.as_deref()).context("invalid configuration")?;
             config.role = role;
+            if e2b_listen.is_some() {
+                config.e2b.listen = e2b_listen;
+            }
             sandgate::telemetry::init_logging(&config.log);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

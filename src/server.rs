@@ -38,6 +38,8 @@ pub enum StartError {
     #[error(transparent)]
     Auth(#[from] crate::api::auth::AuthConfigError),
     #[error(transparent)]
+    Facade(#[from] crate::facade::FacadeConfigError),
+    #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]
     Seal(#[from] crate::credentials::seal::SealError),
@@ -117,6 +119,7 @@ pub struct Server {
     proxy_addr: SocketAddr,
     proxy_tls_addr: Option<SocketAddr>,
     api_addr: SocketAddr,
+    e2b_addr: Option<SocketAddr>,
     ca_cert_path: PathBuf,
     pub egress: Arc<EgressState>,
     /// The sandbox creation coordinator (tests reach the simulated providers through it).
@@ -191,9 +194,18 @@ impl Server {
             _ => None,
         };
         let api_addr = local_addr("api", config.api.listen, &api_listener)?;
+        // The E2B facade is part of the control plane: not on a replica of role `proxy`.
+        let e2b_listener = match config.e2b.listen.filter(|_| config.role.serves_api()) {
+            Some(addr) => Some((addr, bind("e2b", addr).await?)),
+            None => None,
+        };
+        let e2b_addr = match &e2b_listener {
+            Some((addr, listener)) => Some(local_addr("e2b", *addr, listener)?),
+            None => None,
+        };
 
         // Every listener is sandgate itself: never a destination.
-        let own_listeners = [Some(proxy_addr), proxy_tls_addr, Some(api_addr)];
+        let own_listeners = [Some(proxy_addr), proxy_tls_addr, Some(api_addr), e2b_addr];
         let guard = AddressGuard::new(
             config.egress.allow_private.clone(),
             own_listeners.into_iter().flatten().collect(),
@@ -336,15 +348,24 @@ impl Server {
             role: config.role,
             replica: replica.clone(),
         };
-        let app = match config.role.serves_api() {
-            true => crate::api::router(state),
-            false => crate::api::probes_router(state),
-        };
         let limits = crate::api::listener::Limits {
             max_connections: config.api.max_connections,
             max_connections_per_ip: config.api.max_connections_per_ip,
             header_read_timeout: Duration::from_secs(config.api.header_read_timeout_secs),
             idle_timeout: Duration::from_secs(config.api.idle_timeout_secs),
+        };
+        if let Some((_, listener)) = e2b_listener {
+            let key_file = local_e2b_key_file(&config);
+            let facade = crate::facade::FacadeState::new(state.clone(), &config.e2b, &key_file)?;
+            tasks.push(tokio::spawn(crate::api::listener::serve(
+                listener,
+                crate::facade::router(facade),
+                limits.clone(),
+            )));
+        }
+        let app = match config.role.serves_api() {
+            true => crate::api::router(state),
+            false => crate::api::probes_router(state),
         };
         tasks.push(tokio::spawn(crate::api::listener::serve(
             api_listener,
@@ -360,12 +381,14 @@ impl Server {
             proxy = %proxy_addr,
             proxy_tls = proxy_tls_addr.map(tracing::field::display),
             api = %api_addr,
+            e2b = e2b_addr.map(tracing::field::display),
             "sandgate is serving"
         );
         Ok(Server {
             proxy_addr,
             proxy_tls_addr,
             api_addr,
+            e2b_addr,
             ca_cert_path,
             egress,
             sandboxes,
@@ -385,6 +408,11 @@ impl Server {
 
     pub fn api_addr(&self) -> SocketAddr {
         self.api_addr
+    }
+
+    /// The E2B facade's address (`[e2b] listen`), when it serves.
+    pub fn e2b_addr(&self) -> Option<SocketAddr> {
+        self.e2b_addr
     }
 
     /// The CA certificate sandboxes must trust.
@@ -431,6 +459,11 @@ pub fn local_token_file(config: &Config) -> PathBuf {
         .parent()
         .map(|p| p.join("api-token"))
         .unwrap_or_else(|| PathBuf::from("api-token"))
+}
+
+/// Where the generated local E2B API key lives: beside the local admin token.
+pub fn local_e2b_key_file(config: &Config) -> PathBuf {
+    local_token_file(config).with_file_name("e2b-api-key")
 }
 
 /// `[proxy] public_url` and the CA hosted sandboxes are given (none without a public URL).
