@@ -284,6 +284,18 @@ async fn the_official_sdk_drives_sandgate_sandboxes_through_its_layers() {
         "{sandbox:#}"
     );
     assert!(!sandbox.to_string().contains("from-create"));
+    for entry in std::fs::read_dir(env.gw.dir.path().join("data")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.to_string_lossy().contains("sandgate.db") {
+            let bytes = std::fs::read(&path).unwrap();
+            let clear = bytes.windows(11).any(|w| w == b"from-create");
+            assert!(
+                !clear,
+                "an envVars value is in clear text in {}",
+                path.display()
+            );
+        }
+    }
 
     // Every command went through the action layer, as the sandbox's creator.
     let decisions = env.gw.policy_decisions("action", 1).await;
