@@ -599,16 +599,41 @@ where
         &'a C,
     ) -> crate::providers::BoxFuture<'a, Result<T, OpError>>,
 {
-    if path.is_empty() || path.len() > MAX_PATH_BYTES || path.contains('\0') {
-        return Err(invalid(
-            "path",
-            format!("`path` must be 1 to {MAX_PATH_BYTES} bytes without a NUL character"),
-        ));
-    }
+    check_path("path", path)?;
     let detail = json!({"file": {"path": path}});
     let (located, adapter) =
         authorize(state, caller, id, "action", operation, detail, LIVE).await?;
     op(adapter.as_ref(), instance(&located), with)
+        .await
+        .map_err(op_error)
+}
+
+fn check_path(field: &str, path: &str) -> Result<(), ErrorReply> {
+    if path.is_empty() || path.len() > MAX_PATH_BYTES || path.contains('\0') {
+        return Err(invalid(
+            field,
+            format!("`{field}` must be 1 to {MAX_PATH_BYTES} bytes without a NUL character"),
+        ));
+    }
+    Ok(())
+}
+
+/// Authorizes `files.move` (`input.file.path` and `input.file.destination`) and moves a
+/// file or directory.
+pub(crate) async fn move_path(
+    state: &ApiState,
+    caller: &Principal,
+    id: &str,
+    from: &str,
+    to: &str,
+) -> Result<(), ErrorReply> {
+    check_path("path", from)?;
+    check_path("destination", to)?;
+    let detail = json!({"file": {"path": from, "destination": to}});
+    let (located, adapter) =
+        authorize(state, caller, id, "action", "files.move", detail, LIVE).await?;
+    adapter
+        .rename(instance(&located), from, to)
         .await
         .map_err(op_error)
 }

@@ -12,7 +12,8 @@
 //!   from `/home/user`.
 //! - Connect unary calls (JSON codec): `filesystem.Filesystem/Stat` and `ListDir`
 //!   (`files.list`), `MakeDir` (`files.mkdir`; `already_exists` when it does), `Remove`
-//!   (`files.delete`, recursive as envd's), `process.Process/List` and `SendSignal`.
+//!   (`files.delete`, recursive as envd's), `Move` (`files.move`, with
+//!   `input.file.destination`), `process.Process/List` and `SendSignal`.
 //!   Anything else is `unimplemented`.
 
 use std::sync::Arc;
@@ -374,6 +375,7 @@ async fn unary(
         ("filesystem.Filesystem", "ListDir") => list_dir(&state, &call, &request).await,
         ("filesystem.Filesystem", "MakeDir") => make_dir(&state, &call, &request).await,
         ("filesystem.Filesystem", "Remove") => remove(&state, &call, &request).await,
+        ("filesystem.Filesystem", "Move") => move_entry(&state, &call, &request).await,
         ("process.Process", "List") => Ok(super::process::list(&state, &call)),
         ("process.Process", "SendSignal") => {
             super::process::send_signal(&state, &call, &request).await
@@ -537,4 +539,32 @@ async fn remove(state: &FacadeState, call: &EnvdCall, request: &Value) -> Result
     .await
     .map_err(|e| rpc_error(&e))?;
     Ok(json!({}))
+}
+
+async fn move_entry(
+    state: &FacadeState,
+    call: &EnvdCall,
+    request: &Value,
+) -> Result<Value, RpcError> {
+    let (from, to) = match (request["source"].as_str(), request["destination"].as_str()) {
+        (Some(f), Some(t)) if !f.is_empty() && !t.is_empty() => {
+            (envd::absolute(f), envd::absolute(t))
+        }
+        _ => {
+            return Err(RpcError::new(
+                "invalid_argument",
+                "source and destination are required",
+            ))
+        }
+    };
+    crate::api::sandbox_ops::move_path(&state.api, &call.principal, &call.row.id, &from, &to)
+        .await
+        .map_err(|e| rpc_error(&e))?;
+    match find(state, call, "files.list", &to).await? {
+        Some(entry) => Ok(json!({"entry": entry})),
+        None => Err(RpcError::new(
+            "not_found",
+            format!("{to} is gone after the move"),
+        )),
+    }
 }

@@ -251,6 +251,33 @@ impl Confined<'_> {
         Ok(())
     }
 
+    /// Moves `from` to `to`, both below the writable areas, replacing what `to` names (as
+    /// rename(2) does); a symlink moves itself, never what it points to.
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), LocalboxError> {
+        let from_parts = components(from)?;
+        let to_parts = components(to)?;
+        let from_dir = self.writable_parent(from, &from_parts)?;
+        let to_dir = self.writable_parent(to, &to_parts)?;
+        let name = |parts: &[String], path: &str| {
+            cstring(parts.last().map(String::as_str).unwrap_or_default())
+                .map_err(|e| io_error(path, e))
+        };
+        let (from_name, to_name) = (name(&from_parts, from)?, name(&to_parts, to)?);
+        // SAFETY: valid dirfds and C strings.
+        let rc = unsafe {
+            libc::renameat(
+                from_dir.as_raw_fd(),
+                from_name.as_ptr(),
+                to_dir.as_raw_fd(),
+                to_name.as_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(io_error(from, io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     pub fn mkdir(&self, path: &str, parents: bool) -> Result<(), LocalboxError> {
         let parts = components(path)?;
         let start = if parents { 1 } else { parts.len() };

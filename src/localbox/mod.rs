@@ -925,6 +925,12 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             .await
     }
 
+    /// Moves a file, symlink or directory to another path.
+    pub async fn rename(&self, id: &str, from: &str, to: &str) -> Result<()> {
+        let (from, to) = (from.to_string(), to.to_string());
+        self.with_files(id, move |f| f.rename(&from, &to)).await
+    }
+
     /// Creates a directory (with its missing parents when `parents`).
     pub async fn mkdir(&self, id: &str, path: &str, parents: bool) -> Result<()> {
         let path = path.to_string();

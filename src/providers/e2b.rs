@@ -580,6 +580,23 @@ impl Provider for E2b {
         })
     }
 
+    fn rename<'a>(
+        &'a self,
+        instance_id: &'a str,
+        from: &'a str,
+        to: &'a str,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move {
+            self.envd_unary(
+                instance_id,
+                "filesystem.Filesystem/Move",
+                json!({"source": from, "destination": to}),
+            )
+            .await
+            .map(|_| ())
+        })
+    }
+
     fn lifecycle<'a>(
         &'a self,
         instance_id: &'a str,

@@ -345,6 +345,15 @@ impl Provider for LocalProvider {
         Box::pin(async move { Ok(self.runtime.mkdir(instance_id, path, parents).await?) })
     }
 
+    fn rename<'a>(
+        &'a self,
+        instance_id: &'a str,
+        from: &'a str,
+        to: &'a str,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move { Ok(self.runtime.rename(instance_id, from, to).await?) })
+    }
+
     fn lifecycle<'a>(
         &'a self,
         instance_id: &'a str,

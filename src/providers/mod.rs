@@ -463,6 +463,16 @@ pub trait Provider: Send + Sync + 'static {
         let _ = (instance_id, path, parents);
         Box::pin(async { Err(OpError::unsupported(self.kind(), "files.mkdir")) })
     }
+    /// Moves a file or directory (`files.move`).
+    fn rename<'a>(
+        &'a self,
+        instance_id: &'a str,
+        from: &'a str,
+        to: &'a str,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        let _ = (instance_id, from, to);
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "files.move")) })
+    }
     /// `stop`, `start`, `pause` or `resume`.
     fn lifecycle<'a>(
         &'a self,
