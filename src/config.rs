@@ -1361,3 +1361,7 @@ mod tests {
         assert!(err.to_string().contains("store.paht"), "{err}");
     }
 }
+
+#[cfg(test)]
+#[path = "config_keys_tests.rs"]
+mod keys_tests;
