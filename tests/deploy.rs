@@ -752,7 +752,7 @@ fn k8s_probes_and_pod_security() {
                     "{origin}: {probe} goes to the API listener"
                 );
             }
-            let replicas = pod.deployment["spec"]["replicas"].as_u64().unwrap_or(1);
+            let replicas = least_replicas(&kustomized, pod.deployment);
             assert!(replicas >= 2, "{origin}: {replicas} replica(s)");
             let psc = &pod.spec["securityContext"];
             assert_eq!(psc["runAsNonRoot"], true, "{origin}");
@@ -795,6 +795,29 @@ fn k8s_probes_and_pod_security() {
                 "{origin}: selector"
             );
         }
+    }
+}
+
+/// The fewest replicas a Deployment runs: its HorizontalPodAutoscaler's `minReplicas`, or its
+/// own `replicas` (Kubernetes' default 1). Both at once would fight on every apply.
+fn least_replicas(kustomized: &Kustomized, deployment: &Value) -> u64 {
+    let name = s(&deployment["metadata"]["name"]);
+    let hpa = kustomized
+        .of_kind("HorizontalPodAutoscaler")
+        .find(|(_, h)| {
+            h["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+                && h["spec"]["scaleTargetRef"]["name"] == name
+        });
+    match hpa {
+        Some((file, h)) => {
+            assert!(
+                deployment["spec"]["replicas"].is_null(),
+                "{name}: both `replicas` and an autoscaler ({})",
+                file.display()
+            );
+            h["spec"]["minReplicas"].as_u64().unwrap_or(1)
+        }
+        None => deployment["spec"]["replicas"].as_u64().unwrap_or(1),
     }
 }
 
@@ -1799,5 +1822,262 @@ fn every_role_in_the_manifests_answers_its_probes() {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+    }
+}
+
+// Kubernetes as `kubectl kustomize` renders it: what the cluster would be given.
+
+/// Every object `kubectl kustomize` renders for a variant, or `None` (with a skip line) where
+/// kubectl is missing outside CI; under CI a missing kubectl fails the test.
+fn kubectl_rendered(variant: &str) -> Option<Vec<Value>> {
+    let Some(kubectl) = common::which("kubectl") else {
+        assert!(
+            !common::in_ci(),
+            "kubectl is missing and CI must not skip rendering deploy/{variant}"
+        );
+        eprintln!("SKIPPED rendering deploy/{variant}: kubectl is not installed");
+        return None;
+    };
+    let out = Command::new(kubectl)
+        .args(["kustomize", "--load-restrictor=LoadRestrictionsNone"])
+        .arg(deploy().join(variant))
+        .output()
+        .expect("run kubectl kustomize");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize deploy/{variant}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8 manifests");
+    Some(
+        serde_norway::Deserializer::from_str(&text)
+            .map(|doc| Value::deserialize(doc).expect("rendered YAML"))
+            .filter(|v| !v.is_null())
+            .collect(),
+    )
+}
+
+fn kind_and_name(o: &Value) -> (String, String) {
+    (
+        s(&o["kind"]).to_string(),
+        s(&o["metadata"]["name"]).to_string(),
+    )
+}
+
+/// Every container image, init containers included, names the release by its version tag or
+/// by digest: never a floating tag.
+fn check_images_pinned(variant: &str, rendered: &[Value]) {
+    let version = env!("CARGO_PKG_VERSION");
+    for d in rendered.iter().filter(|o| o["kind"] == "Deployment") {
+        let spec = &d["spec"]["template"]["spec"];
+        for c in seq(&spec["containers"])
+            .iter()
+            .chain(seq(&spec["initContainers"]))
+        {
+            let image = s(&c["image"]);
+            let by_digest = image
+                .split_once("@sha256:")
+                .is_some_and(|(_, h)| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()));
+            let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+            assert!(
+                by_digest || tag == version,
+                "deploy/{variant} {}: image {image} is pinned neither by digest nor to version {version}",
+                s(&c["name"])
+            );
+        }
+    }
+}
+
+/// The ipBlocks of `rules` (ingress `from` or egress `to`) as allowed networks minus their
+/// exceptions; whether `ip` is inside one.
+fn ip_blocks_allow(peers: &[Value], ip: std::net::IpAddr) -> bool {
+    peers.iter().any(|peer| {
+        let block = &peer["ipBlock"];
+        if block.is_null() {
+            return false;
+        }
+        let net: ipnet::IpNet = s(&block["cidr"]).parse().expect("ipBlock cidr");
+        let excepted = seq(&block["except"]).iter().any(|e| {
+            s(e).parse::<ipnet::IpNet>()
+                .expect("ipBlock except")
+                .contains(&ip)
+        });
+        net.contains(&ip) && !excepted
+    })
+}
+
+fn rule_ports(rule: &Value) -> Vec<(String, String)> {
+    seq(&rule["ports"])
+        .iter()
+        .map(|p| {
+            let port = match &p["port"] {
+                Value::Number(n) => n.to_string(),
+                other => s(other).to_string(),
+            };
+            (port, p["protocol"].as_str().unwrap_or("TCP").to_string())
+        })
+        .collect()
+}
+
+/// A rule with no `ports` covers every port.
+fn rule_covers(rule: &Value, names: &[&str], protocol: &str) -> bool {
+    let ports = rule_ports(rule);
+    ports.is_empty()
+        || ports
+            .iter()
+            .any(|(p, proto)| proto == protocol && names.contains(&p.as_str()))
+}
+
+fn check_network_policy(rendered: &[Value], kustomized: &Kustomized) {
+    let policies: Vec<&Value> = rendered
+        .iter()
+        .filter(|o| o["kind"] == "NetworkPolicy")
+        .collect();
+    for pod in k8s_pods(kustomized) {
+        let origin = &pod.origin;
+        let selecting: Vec<&&Value> = policies
+            .iter()
+            .filter(|p| {
+                let sel = string_map(&p["spec"]["podSelector"]["matchLabels"]);
+                selects(&sel, &pod.labels)
+            })
+            .collect();
+        assert_eq!(selecting.len(), 1, "{origin}: one NetworkPolicy selects it");
+        let spec = &selecting[0]["spec"];
+        let types: Vec<&str> = seq(&spec["policyTypes"]).iter().map(s).collect();
+        assert!(
+            types.contains(&"Ingress") && types.contains(&"Egress"),
+            "{origin}: {types:?}"
+        );
+        let ingress = seq(&spec["ingress"]);
+        // Every listener is reachable from somewhere, by name or number.
+        for (name, port) in pod.ports() {
+            let names = [name.as_str(), &port.to_string()];
+            assert!(
+                ingress.iter().any(|r| rule_covers(r, &names, "TCP")),
+                "{origin}: no ingress rule admits port {name} ({port})"
+            );
+        }
+        // The plain proxy (credentials in clear) only from selected namespaces, never from
+        // address ranges: the sandbox networks.
+        for rule in ingress
+            .iter()
+            .filter(|r| rule_covers(r, &["proxy", "3128"], "TCP"))
+        {
+            let from = seq(&rule["from"]);
+            assert!(
+                !from.is_empty(),
+                "{origin}: the plain proxy is open to every peer"
+            );
+            for peer in from {
+                assert!(
+                    peer["ipBlock"].is_null(),
+                    "{origin}: the plain proxy admits {peer:?}"
+                );
+                assert!(
+                    !peer["namespaceSelector"].is_null(),
+                    "{origin}: the plain proxy admits pods outside the sandbox namespaces: {peer:?}"
+                );
+            }
+        }
+        // Egress: DNS, the store's port, public addresses, and never metadata or private
+        // ranges.
+        let egress = seq(&spec["egress"]);
+        assert!(
+            egress.iter().any(|r| rule_covers(r, &["53"], "UDP")),
+            "{origin}: no DNS"
+        );
+        let store_port = example_secrets()["sandgate"]["SANDGATE_STORE_URL"]
+            .rsplit_once(':')
+            .and_then(|(_, rest)| rest.split('/').next().map(str::to_string))
+            .expect("a port in the example store URL");
+        assert!(
+            egress
+                .iter()
+                .any(|r| rule_covers(r, &[store_port.as_str()], "TCP")),
+            "{origin}: the store's port {store_port} is not reachable"
+        );
+        let all_peers: Vec<Value> = egress
+            .iter()
+            .flat_map(|r| seq(&r["to"]).iter().cloned())
+            .collect();
+        for public in ["93.184.215.14", "2606:4700::6810:85e5"] {
+            assert!(
+                ip_blocks_allow(&all_peers, public.parse().unwrap()),
+                "{origin}: {public} (public) is not reachable"
+            );
+        }
+        for private in [
+            "169.254.169.254",
+            "10.0.0.1",
+            "172.16.0.1",
+            "192.168.1.1",
+            "127.0.0.1",
+            "100.64.0.1",
+            "fd00::1",
+            "fe80::1",
+        ] {
+            assert!(
+                !ip_blocks_allow(&all_peers, private.parse().unwrap()),
+                "{origin}: {private} is reachable from the gateway"
+            );
+        }
+    }
+}
+
+fn check_autoscalers(variant: &str, rendered: &[Value], kustomized: &Kustomized) {
+    for pod in k8s_pods(kustomized) {
+        if !serves_proxy(&pod.role()) {
+            continue;
+        }
+        let name = s(&pod.deployment["metadata"]["name"]);
+        let hpa = rendered
+            .iter()
+            .find(|o| {
+                o["kind"] == "HorizontalPodAutoscaler"
+                    && o["spec"]["scaleTargetRef"]["name"] == name
+            })
+            .unwrap_or_else(|| {
+                panic!("deploy/{variant}: no autoscaler for the proxy Deployment {name}")
+            });
+        let spec = &hpa["spec"];
+        assert_eq!(spec["scaleTargetRef"]["kind"], "Deployment");
+        let min = spec["minReplicas"].as_u64().unwrap_or(1);
+        let max = spec["maxReplicas"].as_u64().unwrap_or(0);
+        assert!(min >= 2 && max > min, "{name}: replicas {min}..{max}");
+        let cpu = seq(&spec["metrics"])
+            .iter()
+            .any(|m| m["type"] == "Resource" && m["resource"]["name"] == "cpu");
+        assert!(cpu, "{name}: scales on CPU");
+        // Utilization is a share of the request: without one the autoscaler cannot act.
+        assert!(
+            !pod.main()["resources"]["requests"]["cpu"].is_null(),
+            "{name}: no CPU request to scale against"
+        );
+    }
+}
+
+#[test]
+fn k8s_rendered_by_kubectl_is_pinned_fenced_and_autoscaled() {
+    for variant in K8S_VARIANTS {
+        let Some(rendered) = kubectl_rendered(variant) else {
+            continue;
+        };
+        let kustomized = Kustomized::load(&deploy().join(variant));
+        // What kubectl renders is what the other tests here read.
+        let ours: BTreeSet<(String, String)> = kustomized
+            .objects
+            .iter()
+            .map(|(_, o)| kind_and_name(o))
+            .collect();
+        let theirs: BTreeSet<(String, String)> = rendered
+            .iter()
+            .filter(|o| o["kind"] != "ConfigMap")
+            .map(kind_and_name)
+            .collect();
+        assert_eq!(ours, theirs, "deploy/{variant}");
+        check_images_pinned(variant, &rendered);
+        check_network_policy(&rendered, &kustomized);
+        check_autoscalers(variant, &rendered, &kustomized);
     }
 }
