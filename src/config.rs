@@ -198,6 +198,10 @@ pub struct CreateConfig {
     /// Longest life of one event stream, in seconds, so a stream on a stuck create ends; the
     /// client reconnects with `Last-Event-ID` to go on.
     pub event_stream_max_secs: u64,
+    /// How often every running sandbox's instance is looked up at its provider (one ended
+    /// by the provider becomes `failed`, its egress revoked) and its provider-side clock
+    /// extended, in seconds; `0` turns the pass off. See `create::liveness`.
+    pub liveness_interval_secs: u64,
 }
 
 impl Default for CreateConfig {
@@ -218,6 +222,7 @@ impl Default for CreateConfig {
             account_check_interval_secs: 300,
             event_streams_max: 256,
             event_stream_max_secs: 15 * 60,
+            liveness_interval_secs: 60,
         }
     }
 }

@@ -1384,3 +1384,20 @@ async fn adapter_lists_pages_and_bare_arrays() {
         );
     }
 }
+
+/// Daytona's idle auto-stop (15 minutes by default) would stop a sandbox sandgate still
+/// shows running: it is off unless the account sets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_auto_stop_is_off_unless_the_account_sets_it() {
+    let fake = FakeDaytona::start(FakeDaytonaConfig::default()).await;
+    for (options, expected) in [(&[][..], 0), (&[("auto_stop_minutes", "30")][..], 30)] {
+        let provider = adapter(&fake, options);
+        let instance = provider
+            .create(spec("sb-idle", &format!("sb-idle-{expected}"), None))
+            .await
+            .unwrap();
+        let sandbox = fake.sandbox(&instance.id).unwrap();
+        assert_eq!(sandbox.auto_stop_interval, Some(expected), "{options:?}");
+        provider.delete(&instance.id).await.unwrap();
+    }
+}

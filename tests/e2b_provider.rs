@@ -686,3 +686,150 @@ provisioning_window_ms = 2000
         "{view:#}"
     );
 }
+
+/// A request through the gateway's public proxy as sandbox `id`: the status the proxy answers.
+async fn proxy_status(env: &Env, id: &str, token: &str) -> u16 {
+    let proxy = reqwest::Proxy::all(format!("http://127.0.0.1:{}", env.relay_port))
+        .unwrap()
+        .basic_auth(id, token);
+    let client = reqwest::Client::builder()
+        .proxy(proxy)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let url = format!("http://api.a.test:{}/alive", env.origin.addr.port());
+    match client.get(url).send().await {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => panic!("proxy request failed: {e}"),
+    }
+}
+
+async fn wait_state(env: &Env, id: &str, state: &str, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let view = env.get(id).await;
+        if view["state"] == state || Instant::now() > deadline {
+            return view;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sandboxs_lifetime_is_e2bs_timeout_too() {
+    let env = start(vec![FakeE2bConfig::default()], "").await;
+    let fake = &env.fakes[0];
+    let margin = 120;
+
+    // A lifetime of two hours is E2B's timeout (plus the margin by which sandgate's own
+    // expiry comes first), not the account's 600 s.
+    let (status, body) = env.create(json!({"ttl_secs": 7200})).await;
+    let id = created_id(status, &body);
+    let instance = body["placement"]["instance_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let set = fake.sandbox(&instance).unwrap().timeout_secs;
+    assert!((7200 + margin - 2..=7200 + margin).contains(&set), "{set}");
+
+    // Moving the lifetime moves E2B's timeout, shorter as well as longer.
+    for ttl in [900u64, 20_000] {
+        let r = env
+            .http
+            .post(env.gw.api(&format!("/v1/sandboxes/{id}/timeout")))
+            .bearer_auth(API_TOKEN)
+            .json(&json!({"ttl_secs": ttl}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        let set = fake.sandbox(&instance).unwrap().timeout_secs;
+        // The store's clock and the request's take a moment: within two seconds.
+        assert!(
+            (ttl + margin - 2..=ttl + margin).contains(&set),
+            "ttl {ttl}: E2B timeout {set}"
+        );
+    }
+
+    // Without a lifetime, the account's timeout, which the liveness pass keeps refreshing.
+    let (status, body) = env.create(json!({})).await;
+    created_id(status, &body);
+    let other = body["placement"]["instance_id"].as_str().unwrap();
+    assert_eq!(fake.sandbox(other).unwrap().timeout_secs, 600);
+    let timeouts_before = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with(&format!("{other}/timeout")))
+        .count();
+    env.gw.server.sandboxes.liveness_pass().await;
+    let timeouts_after = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with(&format!("{other}/timeout")))
+        .count();
+    assert_eq!(timeouts_after, timeouts_before + 1, "a pass refreshes it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sandbox_its_provider_ended_is_failed_with_the_reason_and_loses_its_egress() {
+    // The periodic pass notices it.
+    let env = start(vec![FakeE2bConfig::default()], "liveness_interval_secs = 1").await;
+    let (status, body) = env.create(json!({})).await;
+    let id = created_id(status, &body);
+    let token = body["egress"]["token"].as_str().unwrap().to_string();
+    let instance = body["placement"]["instance_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Known to the proxy (its policy answers; 407 would mean an unknown identity).
+    assert_ne!(proxy_status(&env, &id, &token).await, 407);
+
+    assert!(
+        env.fakes[0].expire(&instance),
+        "E2B ends it on its own clock"
+    );
+    let view = wait_state(&env, &id, "failed", Duration::from_secs(10)).await;
+    assert_eq!(view["state"], "failed", "{view:#}");
+    assert_eq!(view["error"]["error"]["code"], "instance_lost", "{view:#}");
+    assert_eq!(view["error"]["error"]["details"]["instance_id"], instance);
+    assert!(
+        view["error"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("provider ended"),
+        "{view:#}"
+    );
+    assert_eq!(proxy_status(&env, &id, &token).await, 407, "egress revoked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_exec_on_an_ended_instance_marks_the_sandbox_at_once() {
+    // No periodic pass: only the failed operation can notice it.
+    let env = start(vec![FakeE2bConfig::default()], "liveness_interval_secs = 0").await;
+    let (status, body) = env.create(json!({})).await;
+    let id = created_id(status, &body);
+    let token = body["egress"]["token"].as_str().unwrap().to_string();
+    let instance = body["placement"]["instance_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(proxy_status(&env, &id, &token).await, 407);
+    assert!(env.fakes[0].expire(&instance));
+    // Still `running` in sandgate's record until something looks.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.get(&id).await["state"], "running");
+
+    let r = env
+        .http
+        .post(env.gw.api(&format!("/v1/sandboxes/{id}/exec")))
+        .bearer_auth(API_TOKEN)
+        .json(&json!({"argv": ["true"]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(!r.status().is_success(), "{}", r.status());
+    let view = wait_state(&env, &id, "failed", Duration::from_secs(5)).await;
+    assert_eq!(view["state"], "failed", "{view:#}");
+    assert_eq!(view["error"]["error"]["code"], "instance_lost");
+    assert_eq!(proxy_status(&env, &id, &token).await, 407);
+}

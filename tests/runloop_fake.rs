@@ -753,3 +753,29 @@ async fn failures_are_classified_as_documented() {
     let e = down.create(spec("sb-d", "d1", None)).await.unwrap_err();
     assert_eq!(e.class, ErrorClass::Outage, "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lifetime_keeps_the_devbox_alive_with_keep_alives() {
+    let fake = FakeRunloop::start(FakeRunloopConfig::default()).await;
+    let provider = adapter(&fake, &[("keep_alive_secs", "1800")]);
+    let instance = provider
+        .create(spec("sb-keep", "sb-keep-a1", None))
+        .await
+        .unwrap();
+    for remaining in [Some(Duration::from_secs(7200)), None] {
+        provider
+            .extend_lifetime(&instance.id, remaining)
+            .await
+            .unwrap();
+    }
+    let keep_alives: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/keep_alive"))
+        .collect();
+    assert_eq!(keep_alives.len(), 2, "{keep_alives:?}");
+    assert!(keep_alives
+        .iter()
+        .all(|r| r.devbox_id.as_deref() == Some(instance.id.as_str())));
+    provider.delete(&instance.id).await.unwrap();
+}

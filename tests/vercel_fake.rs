@@ -751,3 +751,43 @@ async fn adapter_failure_table_over_the_wire() {
     assert_eq!(e.class, ErrorClass::Outage, "{e}");
     assert_eq!(fake.live_count(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_timeout_follows_the_sandbox_lifetime() {
+    let fake = FakeVercel::start(FakeVercelConfig::default()).await;
+    let provider = adapter(&fake);
+    let instance = provider
+        .create(spec("sb-life", "sb-life-a1", None))
+        .await
+        .unwrap();
+    let timeout = |fake: &FakeVercel| fake.sandbox(&instance.id).unwrap().timeout_ms;
+    // The account's 10 minutes at create.
+    assert_eq!(timeout(&fake), 600_000);
+
+    // A two-hour lifetime: Vercel's deadline is extended to it plus the margin. The
+    // session started a moment ago, so its whole timeout is a little more than that.
+    let two_hours = Duration::from_secs(7200);
+    provider
+        .extend_lifetime(&instance.id, Some(two_hours))
+        .await
+        .unwrap();
+    let wanted = (two_hours + sandgate::providers::LIFETIME_MARGIN).as_millis() as u64;
+    let set = timeout(&fake);
+    assert!((wanted..wanted + 10_000).contains(&set), "timeout {set} ms");
+
+    // Vercel's timeout only grows: a shorter lifetime, or none while plenty is left, leaves
+    // it (sandgate's own expiry ends the sandbox first).
+    provider
+        .extend_lifetime(&instance.id, Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    provider.extend_lifetime(&instance.id, None).await.unwrap();
+    assert_eq!(timeout(&fake), set);
+    let extends = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/extend-timeout"))
+        .count();
+    assert_eq!(extends, 1);
+    provider.delete(&instance.id).await.unwrap();
+}

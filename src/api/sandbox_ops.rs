@@ -120,6 +120,17 @@ fn not_found(id: &str) -> ErrorReply {
     )
 }
 
+/// An operation on sandbox `id` failed at its provider: the sandbox is checked at once in
+/// case the provider ended it (see `create::liveness`), and the error becomes the reply.
+fn op_failed(state: &ApiState, id: &str, e: OpError) -> ErrorReply {
+    // Not for "unsupported": that is the adapter's own answer, whatever the instance's state
+    // (a provider that ended an instance answers 400, 404, 409 or 410, depending on which).
+    if e.kind != crate::providers::OpErrorKind::Unsupported {
+        state.sandboxes.suspect_lost(id);
+    }
+    op_error(e)
+}
+
 fn op_error(e: OpError) -> ErrorReply {
     let status = match e.kind {
         crate::providers::OpErrorKind::NotFound => StatusCode::NOT_FOUND,
@@ -418,7 +429,7 @@ pub(crate) async fn start_command(
             },
         )
         .await
-        .map_err(op_error)?;
+        .map_err(|e| op_failed(state, id, e))?;
     metrics::counter!("sandgate_sandbox_execs_total").increment(1);
     Ok(stream)
 }
@@ -605,7 +616,7 @@ where
         authorize(state, caller, id, "action", operation, detail, LIVE).await?;
     op(adapter.as_ref(), instance(&located), with)
         .await
-        .map_err(op_error)
+        .map_err(|e| op_failed(state, id, e))
 }
 
 fn check_path(field: &str, path: &str) -> Result<(), ErrorReply> {
@@ -635,7 +646,7 @@ pub(crate) async fn move_path(
     adapter
         .rename(instance(&located), from, to)
         .await
-        .map_err(op_error)
+        .map_err(|e| op_failed(state, id, e))
 }
 
 /// Read a file's bytes.
@@ -802,7 +813,7 @@ pub(crate) async fn lifecycle(
     adapter
         .lifecycle(instance(&located), op)
         .await
-        .map_err(op_error)?;
+        .map_err(|e| op_failed(state, id, e))?;
     state
         .sandboxes
         .set_state(id, op.from_states(), op.resulting_state())
@@ -1060,7 +1071,7 @@ pub async fn snapshot(
                 limits,
             )
             .await
-            .map_err(op_error)?;
+            .map_err(|e| op_failed(&state, &id, e))?;
             row.id = format!("fsx-{}", crate::base::ids::random_hex(12));
             row.kind = crate::store::snapshots::FILESYSTEM_EXPORT.into();
             row.size_bytes = archive.len() as i64;
@@ -1075,7 +1086,7 @@ pub async fn snapshot(
         let info = adapter
             .snapshot(instance(&located))
             .await
-            .map_err(op_error)?;
+            .map_err(|e| op_failed(&state, &id, e))?;
         row.id = info.id.clone();
         row.size_bytes = info.size_bytes as i64;
         if let Err(e) = state.sandboxes.store().insert_snapshot(&row, None).await {

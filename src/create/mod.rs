@@ -24,6 +24,7 @@ pub mod context;
 mod dry_run;
 pub mod events;
 mod follow;
+mod liveness;
 pub mod pools;
 pub mod record;
 mod remote;
@@ -133,6 +134,8 @@ pub struct Coordinator {
     active: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The last check of each hosted account (`GET /v1/pools`), see [`pools`].
     account_checks: pools::AccountChecks,
+    /// When each sandbox was last checked after a failed operation (see [`liveness`]).
+    suspected: std::sync::Mutex<HashMap<String, Instant>>,
 }
 
 /// A loaded in-flight create.
@@ -202,6 +205,7 @@ impl Coordinator {
             active: Default::default(),
             samples: Default::default(),
             account_checks: Default::default(),
+            suspected: Default::default(),
         })
     }
 
@@ -739,10 +743,18 @@ impl Coordinator {
             .set_sandbox_expiry(id, now + ttl_secs as i64 * 1000, now)
             .await
             .map_err(internal)?;
-        match set {
-            true => self.view(id).await,
-            false => Ok(None),
+        if !set {
+            return Ok(None);
         }
+        if let Some(located) = self.locate(id).await? {
+            if let (Some(adapter), Some(placement)) = (&located.adapter, &located.placement) {
+                if matches!(located.row.state.as_str(), "running" | "paused") {
+                    self.align_lifetime(adapter.as_ref(), &located.row, &placement.instance_id)
+                        .await;
+                }
+            }
+        }
+        self.view(id).await
     }
 
     /// Deletes the sandboxes whose lifetime has ended. Every replica's janitor may find the
@@ -1557,6 +1569,10 @@ impl Coordinator {
             .await?;
         if placed {
             self.register_identity(&job.row).await;
+            if let Some(adapter) = &adapter {
+                self.align_lifetime(adapter.as_ref(), &job.row, instance_id)
+                    .await;
+            }
         } else {
             // Deleted while it was being created: the instance must not outlive it.
             self.destroy(
@@ -1981,6 +1997,7 @@ impl Coordinator {
             }
         }));
         tasks.extend(self.spawn_account_checks());
+        tasks.extend(self.spawn_liveness());
         tasks
     }
 

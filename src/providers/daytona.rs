@@ -267,9 +267,10 @@ impl Daytona {
         if let Some(target) = &self.target {
             body["target"] = json!(target);
         }
-        if let Some(minutes) = self.auto_stop_minutes {
-            body["autoStopInterval"] = json!(minutes);
-        }
+        // Daytona stops a sandbox after 15 idle minutes unless told otherwise, while sandgate
+        // still serves it as running: its lifetime is sandgate's (the janitor ends it), so
+        // idle auto-stop is off unless the account asks for it.
+        body["autoStopInterval"] = json!(self.auto_stop_minutes.unwrap_or(0));
         if let Some(egress) = &spec.egress {
             env.extend(egress.env(CA_PATH));
             // An advisory pool gets the proxy variables and the CA only.

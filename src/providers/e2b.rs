@@ -33,7 +33,7 @@ use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
 use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle, SandboxEntry};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, Provider,
-    ProviderError, RemoteEgress, RuntimeCapabilities, SnapshotInfo, Tags,
+    ProviderError, RemoteEgress, RuntimeCapabilities, SnapshotInfo, Tags, LIFETIME_MARGIN,
 };
 use crate::credentials::Secret;
 use crate::e2b::connect::{self as connect_rpc, Decoder};
@@ -98,6 +98,9 @@ impl E2bAccount {
         })
     }
 }
+
+/// E2B's longest sandbox timeout (its Pro tier); a longer lifetime is kept by refreshing.
+const MAX_TIMEOUT_SECS: u64 = 24 * 3600;
 
 pub struct E2b {
     http: ProviderHttp,
@@ -594,6 +597,27 @@ impl Provider for E2b {
             )
             .await
             .map(|_| ())
+        })
+    }
+
+    /// E2B's `timeout` (seconds from now, up to its 24 h ceiling): the sandbox's remaining
+    /// lifetime plus the margin, or the account's `timeout_secs` for a sandbox without one.
+    fn extend_lifetime<'a>(
+        &'a self,
+        instance_id: &'a str,
+        remaining: Option<Duration>,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move {
+            let secs = remaining
+                .map_or(self.timeout_secs, |r| (r + LIFETIME_MARGIN).as_secs())
+                .clamp(1, MAX_TIMEOUT_SECS);
+            let path = format!("/sandboxes/{}/timeout", path_segment(instance_id));
+            let request = self
+                .http
+                .request(Method::POST, &path)
+                .json(&json!({"timeout": secs}));
+            self.http.send(request).await.map_err(op_error)?;
+            Ok(())
         })
     }
 

@@ -496,7 +496,26 @@ pub trait Provider: Send + Sync + 'static {
         let _ = snapshot_id;
         Box::pin(async { Ok(()) })
     }
+    /// Aligns the provider's own clock for the instance with the sandbox's lifetime, so a
+    /// provider never ends a sandbox sandgate still serves: the instance is kept at least
+    /// `remaining` from now (the sandbox's lifetime; the adapter adds a margin so sandgate's
+    /// own expiry, which deletes it cleanly, comes first), or, for a sandbox without a lifetime
+    /// (`None`), for the adapter's keep-alive window. sandgate calls it once the instance runs,
+    /// when the lifetime moves, and on every liveness pass (see `create::liveness`).
+    /// Default: nothing to do, for providers without a clock of their own.
+    fn extend_lifetime<'a>(
+        &'a self,
+        instance_id: &'a str,
+        remaining: Option<std::time::Duration>,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        let _ = (instance_id, remaining);
+        Box::pin(async { Ok(()) })
+    }
 }
+
+/// What an adapter adds to a sandbox's remaining lifetime when it sets the provider's clock:
+/// sandgate's janitor deletes an expired sandbox (events, identity, record) and must come first.
+pub const LIFETIME_MARGIN: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Why the configured adapters could not be built.
 #[derive(Debug, thiserror::Error)]

@@ -1291,6 +1291,30 @@ impl Provider for Runloop {
         })
     }
 
+    /// Runloop's clock is an idle timer (`keep_alive_time_seconds` at launch): a keep-alive
+    /// resets it, and the liveness pass sends one far more often than any idle time, so a
+    /// devbox sandgate serves is never shut down for idleness, with or without a lifetime.
+    fn extend_lifetime<'a>(
+        &'a self,
+        instance_id: &'a str,
+        remaining: Option<std::time::Duration>,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        let _ = remaining;
+        Box::pin(async move {
+            let path = format!("/v1/devboxes/{}/keep_alive", path_segment(instance_id));
+            let rid = request_id();
+            self.http
+                .send_idempotent(|| {
+                    self.http
+                        .request(Method::POST, &path)
+                        .header(REQUEST_ID, &rid)
+                })
+                .await
+                .map_err(op_error)?;
+            Ok(())
+        })
+    }
+
     fn lifecycle<'a>(
         &'a self,
         instance_id: &'a str,

@@ -68,7 +68,7 @@ use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
 use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, Provider,
-    ProviderError, RemoteEgress, RuntimeCapabilities, SnapshotInfo, Tags,
+    ProviderError, RemoteEgress, RuntimeCapabilities, SnapshotInfo, Tags, LIFETIME_MARGIN,
 };
 use crate::credentials::Secret;
 
@@ -490,6 +490,21 @@ struct SessionBody {
     id: String,
     #[serde(default)]
     status: String,
+    /// The session's whole timeout, in milliseconds from `startedAt` (or `createdAt`).
+    #[serde(default)]
+    timeout: Option<u64>,
+    #[serde(default, rename = "startedAt")]
+    started_at: Option<i64>,
+    #[serde(default, rename = "createdAt")]
+    created_at: Option<i64>,
+}
+
+impl SessionBody {
+    /// When Vercel stops the session, in Unix milliseconds.
+    fn deadline_ms(&self) -> Option<i64> {
+        let start = self.started_at.or(self.created_at)?;
+        Some(start + i64::try_from(self.timeout?).ok()?)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -863,6 +878,47 @@ impl Provider for Vercel {
             let request = self
                 .request(Method::POST, &Self::session_path(&session, "/fs/mkdir"))
                 .json(&json!({"path": path}));
+            self.http.send(request).await.map_err(op_error)?;
+            Ok(())
+        })
+    }
+
+    /// Vercel's session timeout only grows (`extend-timeout` adds a duration): it is extended
+    /// to the sandbox's remaining lifetime plus the margin, or, for a sandbox without one, to
+    /// the account's `timeout_ms` from now once less than half of that is left. A shorter
+    /// lifetime leaves Vercel's later deadline: sandgate's own expiry deletes the sandbox.
+    fn extend_lifetime<'a>(
+        &'a self,
+        instance_id: &'a str,
+        remaining: Option<Duration>,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move {
+            let session = self.session_of(instance_id).await?;
+            let path = Self::session_path(&session, "");
+            let response = self
+                .http
+                .send_idempotent(|| self.request(Method::GET, &path))
+                .await
+                .map_err(op_error)?;
+            let body: SessionOnly = self.http.json(response).await.map_err(op_error)?;
+            let Some(deadline) = body.session.deadline_ms() else {
+                return Ok(());
+            };
+            let now = crate::base::clock::now_ms();
+            let wanted = match remaining {
+                Some(r) => now + (r + LIFETIME_MARGIN).as_millis() as i64,
+                None if deadline - now >= self.timeout_ms as i64 / 2 => return Ok(()),
+                None => now + self.timeout_ms as i64,
+            };
+            if wanted <= deadline {
+                return Ok(());
+            }
+            let request = self
+                .request(
+                    Method::POST,
+                    &Self::session_path(&session, "/extend-timeout"),
+                )
+                .json(&json!({"duration": wanted - deadline}));
             self.http.send(request).await.map_err(op_error)?;
             Ok(())
         })
