@@ -250,6 +250,10 @@ pub struct StoreConfig {
     /// How often a replica compares everything it holds in memory with the store, repairing
     /// what a missed change left behind. 0 turns it off.
     pub reconcile_secs: u64,
+    /// Postgres: how long a request waits for a connection from the pool before it is
+    /// answered 503 `store_unavailable` (retryable). While the database is unreachable every
+    /// wait runs to this bound, so it is what a client waits during an outage.
+    pub acquire_timeout_ms: u64,
     /// Which SQLite keys the file set (rather than left to their defaults), to refuse them
     /// next to `url`.
     sqlite_keys_set: Vec<&'static str>,
@@ -264,6 +268,7 @@ struct StoreToml {
     url: Option<crate::store::DatabaseUrl>,
     poll_changes_ms: Option<u64>,
     reconcile_secs: Option<u64>,
+    acquire_timeout_ms: Option<u64>,
 }
 
 impl From<StoreToml> for StoreConfig {
@@ -282,6 +287,7 @@ impl From<StoreToml> for StoreConfig {
             url: t.url,
             poll_changes_ms: t.poll_changes_ms.unwrap_or(defaults.poll_changes_ms),
             reconcile_secs: t.reconcile_secs.unwrap_or(defaults.reconcile_secs),
+            acquire_timeout_ms: t.acquire_timeout_ms.unwrap_or(defaults.acquire_timeout_ms),
             sqlite_keys_set,
         }
     }
@@ -295,6 +301,7 @@ impl Default for StoreConfig {
             url: None,
             poll_changes_ms: 250,
             reconcile_secs: 30,
+            acquire_timeout_ms: 2000,
             sqlite_keys_set: Vec::new(),
         }
     }
@@ -325,6 +332,14 @@ impl StoreConfig {
             return Err(ConfigError::invalid(
                 "store.poll_changes_ms",
                 "must be between 10 and 60000",
+            ));
+        }
+        // Below 100 ms a healthy but busy pool would refuse requests; above a minute a client
+        // is held far longer than it would wait.
+        if !(100..=60_000).contains(&self.acquire_timeout_ms) {
+            return Err(ConfigError::invalid(
+                "store.acquire_timeout_ms",
+                "must be between 100 and 60000",
             ));
         }
         Ok(())

@@ -9,6 +9,9 @@ use serde_json::{json, Value};
 
 pub const ERROR_HEADER: &str = "x-sandgate-error";
 
+/// The code of a 503 answered while the store cannot be reached (retryable).
+pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+
 /// A refusal or failure to report to a client.
 #[derive(Debug, Clone)]
 pub struct ErrorReply {
@@ -52,6 +55,10 @@ impl ErrorReply {
             http::header::CACHE_CONTROL,
             HeaderValue::from_static("no-store"),
         );
+        if self.code == STORE_UNAVAILABLE {
+            // Clients that honour it come back once the database may be reachable again.
+            headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         response
     }
 }

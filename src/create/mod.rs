@@ -187,13 +187,39 @@ fn refusal_reply(class: ErrorClass, layer: &str, pool: &str, reasons: Vec<String
     .with_details(json!({"layer": layer, "pool": pool, "reasons": reasons}))
 }
 
-/// A failure the client cannot act on: logged here, shown as a generic 500.
-pub fn internal(e: impl std::fmt::Display) -> ErrorReply {
+/// A failure the client cannot act on: logged here, shown as a generic 500. A store that
+/// cannot be reached is not such a failure: it answers 503 `store_unavailable` (see
+/// [`store_unavailable`]), which is why the error's type is looked at here, in the one place
+/// every store error of the API passes through.
+pub fn internal<E: std::fmt::Display + 'static>(e: E) -> ErrorReply {
+    let any: &dyn std::any::Any = &e;
+    let unavailable = match any.downcast_ref::<StoreError>() {
+        Some(store) => store.is_unavailable(),
+        None => any
+            .downcast_ref::<crate::credentials::CredentialError>()
+            .is_some_and(|c| matches!(c, crate::credentials::CredentialError::Store(s) if s.is_unavailable())),
+    };
+    if unavailable {
+        tracing::warn!(error = %e, "the store is unreachable; answering store_unavailable");
+        metrics::counter!("sandgate_store_unavailable_total").increment(1);
+        return store_unavailable();
+    }
     tracing::error!(error = %e, "sandbox operation failed");
     ErrorReply::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "internal",
         "the sandbox operation could not be completed",
+    )
+}
+
+/// 503 `store_unavailable`: the database did not answer within `[store] acquire_timeout_ms`.
+/// Retryable: the call that failed committed nothing, so the same request (and the same
+/// `Idempotency-Key`) is safe to send again; `Retry-After: 1` goes with it.
+pub fn store_unavailable() -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        crate::error::STORE_UNAVAILABLE,
+        "the store is unreachable; retry (the same Idempotency-Key is safe to send again)",
     )
 }
 

@@ -62,6 +62,39 @@ pub enum StoreError {
     Fenced { sandbox_id: String },
 }
 
+/// How long a request waits for a Postgres connection unless `[store] acquire_timeout_ms`
+/// says otherwise.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_millis(2000);
+
+impl StoreError {
+    /// Whether the database could not be reached (rather than refusing or failing the
+    /// statement): no connection within the acquire timeout, a connection cut, or the server
+    /// shutting down or refusing new sessions. Nothing was committed by the failed call, so the
+    /// client may retry; the API answers 503 `store_unavailable` for these, not `internal`.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Query(e) => sqlx_unavailable(e),
+            _ => false,
+        }
+    }
+}
+
+fn sqlx_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        // SQLSTATE class 08 (connection exception), 57P01-57P03 (admin or crash shutdown,
+        // cannot connect now), 53300 (too many connections).
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+        }),
+        _ => false,
+    }
+}
+
 /// How durable a committed write is before it is acknowledged (SQLite `synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -180,7 +213,10 @@ impl Store {
     /// file at `path`. Either way the schema is migrated to the current version first.
     pub async fn open(config: &crate::config::StoreConfig) -> Result<Store, StoreError> {
         match &config.url {
-            Some(url) => Store::open_postgres(url).await,
+            Some(url) => {
+                Store::open_postgres_with(url, Duration::from_millis(config.acquire_timeout_ms))
+                    .await
+            }
             None => Store::open_sqlite_with(&config.path, config.synchronous).await,
         }
     }
@@ -243,6 +279,14 @@ impl Store {
     /// for it, so replicas starting together migrate once). Errors show the URL redacted and
     /// are scrubbed of its password.
     pub async fn open_postgres(url: &DatabaseUrl) -> Result<Store, StoreError> {
+        Store::open_postgres_with(url, DEFAULT_ACQUIRE_TIMEOUT).await
+    }
+
+    /// [`Store::open_postgres`], waiting at most `acquire_timeout` for a connection.
+    pub async fn open_postgres_with(
+        url: &DatabaseUrl,
+        acquire_timeout: Duration,
+    ) -> Result<Store, StoreError> {
         let open_err = |reason: String| StoreError::Open {
             path: url.redacted(),
             reason: url.scrub(&reason),
@@ -257,9 +301,10 @@ impl Store {
             .options([("default_transaction_isolation", "read committed")]);
         let pool = PgPoolOptions::new()
             .max_connections(8)
-            // A store that cannot be reached fails a request in bounded time rather than
-            // holding it for the driver's default 30 s.
-            .acquire_timeout(Duration::from_secs(10))
+            // A store that cannot be reached fails a request promptly (503
+            // `store_unavailable`, retryable) rather than holding it for the driver's default
+            // 30 s: during an outage every request waits exactly this long.
+            .acquire_timeout(acquire_timeout)
             .connect_with(options)
             .await
             .map_err(|e| open_err(e.to_string()))?;
