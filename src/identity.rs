@@ -16,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::IdentityConfig;
 
+pub mod lookup;
+
 /// The sandbox context attached to every decision made for a connection.
 #[derive(Debug)]
 pub struct Identity {
@@ -162,6 +164,9 @@ pub struct IdentityRegistry {
     /// the identity back (see [`IdentityRegistry::register_unless_revoked_since`]).
     revocations: std::sync::atomic::AtomicU64,
     tombstones: std::sync::Mutex<HashMap<String, (u64, std::time::Instant)>>,
+    /// Where an id this replica does not serve is looked up before it is refused (set once
+    /// the coordinator exists; see [`lookup`]).
+    lookup: std::sync::OnceLock<lookup::Lookup>,
 }
 
 /// How long a revocation is remembered: far longer than any store read takes.
@@ -286,18 +291,49 @@ impl IdentityRegistry {
         self.len() == 0
     }
 
+    /// Sets where unknown ids are looked up ([`IdentityRegistry::authenticate_or_look_up`]).
+    pub fn set_lookup(&self, lookup: lookup::Lookup) {
+        let _ = self.lookup.set(lookup);
+    }
+
     /// Authenticates a `Proxy-Authorization` header value.
     pub fn authenticate(&self, header: Option<&[u8]>) -> Option<Arc<Identity>> {
         let (id, token) = parse_basic(header?)?;
+        self.verify(&id, &token)
+    }
+
+    /// [`IdentityRegistry::authenticate`], but an id this replica does not serve is looked
+    /// up in the store first (a sandbox just created through another replica, whose change
+    /// has not arrived yet), within the bounds of [`lookup::Lookup`]. A known id with a wrong
+    /// token is refused without a lookup.
+    pub async fn authenticate_or_look_up(&self, header: Option<&[u8]>) -> Option<Arc<Identity>> {
+        let (id, token) = parse_basic(header?)?;
+        if let Some(identity) = self.verify(&id, &token) {
+            return Some(identity);
+        }
+        let lookup = self.lookup.get()?;
+        if self.get(&id).is_some() {
+            return None;
+        }
+        match lookup.look_up(&id).await {
+            lookup::Outcome::Found => self.verify(&id, &token),
+            _ => None,
+        }
+    }
+
+    /// The identity `id` if `token` is its token.
+    fn verify(&self, id: &str, token: &[u8]) -> Option<Arc<Identity>> {
         let found = {
             let map = self.by_id.read().unwrap_or_else(|e| e.into_inner());
-            map.get(&id).cloned()
+            map.get(id).cloned()
         };
         // Compare against a dummy of the same length when the id is unknown, so an
-        // attacker cannot tell unknown ids from wrong tokens by timing.
+        // attacker cannot tell unknown ids from wrong tokens by timing. (An id this replica
+        // does not serve may then be looked up in the store, which takes longer; that tells
+        // whether this replica served the id already, never anything about a token.)
         const DUMMY: [u8; 32] = [0u8; 32];
         let expected: &[u8] = found.as_ref().map(|i| i.token.as_slice()).unwrap_or(&DUMMY);
-        let equal: bool = expected.ct_eq(token.as_slice()).into();
+        let equal: bool = expected.ct_eq(token).into();
         match found {
             Some(identity) if equal => Some(identity),
             _ => None,

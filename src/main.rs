@@ -408,7 +408,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     );
     shutdown_signal().await;
     tracing::info!("shutting down");
-    server.shutdown();
+    server.stop().await;
     Ok(())
 }
 

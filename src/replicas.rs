@@ -131,8 +131,8 @@ impl Replica {
         }))
     }
 
-    /// Leaves the registry (on shutdown).
-    pub async fn leave(&self, store: &Store) {
-        let _ = store.remove_replica(&self.id).await;
+    /// Leaves the registry (on a graceful stop, see `Server::stop`).
+    pub async fn leave(&self, store: &Store) -> Result<(), StoreError> {
+        store.remove_replica(&self.id).await
     }
 }

@@ -133,3 +133,57 @@ async fn replicas_report_their_policy_and_the_api_says_when_they_disagree() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// Issue 25 item 11: a replica stopped by SIGTERM (a Kubernetes pod being deleted) removes
+/// its own row as it stops gracefully, so the others stop listing it at once, not when its
+/// heartbeat expires (~20 s later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_by_sigterm_leaves_the_list_at_once() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let extra =
+        format!("[[api.tokens]]\ntoken = \"{TOKEN}\"\nprincipal = \"ops\"\nworkspace = \"ws-a\"\n");
+    let cfg = dir.path().join("sandgate.toml");
+    std::fs::write(&cfg, process_config(dir.path(), "", "", &extra)).unwrap();
+    let serve = || {
+        let mut command = Command::new(BIN);
+        command.args(["serve", "--config"]).arg(&cfg);
+        serve_process(command)
+    };
+    let a = serve();
+    let mut b = serve();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let listed = policies(&http, a.api).await["replicas"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(listed, 2, "both replicas are listed while they run");
+
+    // SAFETY: kill(2) on the child this test started and has not reaped yet.
+    let sent = unsafe { libc::kill(b.child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(sent, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = b.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B did not stop within 10 s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let stopped = Instant::now();
+    assert!(status.success(), "a graceful stop exits 0: {status}");
+    let now = policies(&http, a.api).await;
+    eprintln!(
+        "listed {} ms after B exited: {}",
+        stopped.elapsed().as_millis(),
+        now["replicas"]
+    );
+    let replicas = now["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 1, "B left the list as it stopped: {now}");
+    assert_eq!(replicas[0]["this"], true, "{now}");
+    let logs = b.stderr.lock().unwrap().join("\n");
+    assert!(logs.contains("left the replica list"), "{logs}");
+}

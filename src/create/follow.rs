@@ -32,6 +32,40 @@ impl Coordinator {
         }
     }
 
+    /// An id the proxy does not serve, read from the store before it is refused (see
+    /// `crate::identity::lookup`): a live sandbox's identity is registered, its bound
+    /// credentials read first when this replica has not heard of them yet (an identity
+    /// registered without them would be kept that way). Unlike [`Coordinator::follow`], an
+    /// absent or ended sandbox revokes nothing: this is a read on behalf of an unknown caller.
+    /// Returns whether this replica serves the identity now.
+    pub async fn look_up_identity(&self, id: &str) -> Result<bool, StoreError> {
+        let identities = &self.deps.identities;
+        let Some(row) = self.deps.store.get_sandbox(id).await? else {
+            return Ok(false);
+        };
+        if !has_identity(&row.state) {
+            return Ok(false);
+        }
+        if let Ok(body) = serde_json::from_str::<super::CreateBody>(&row.request_json) {
+            for name in &body.credentials {
+                if self.deps.credentials.get(&row.workspace, name).is_none() {
+                    if let Err(e) = self.deps.credentials.refresh(&row.workspace, name).await {
+                        tracing::warn!(sandbox = %id, credential = %name, error = %e, "could not read a bound credential");
+                    }
+                }
+            }
+        }
+        if let Some(identity) = self.sandbox_identity(&row) {
+            // Mark 0: any revocation this replica remembers refuses the registration, not
+            // only one since the read. A delete revokes before its store write commits, so a
+            // lookup that starts in between reads the row still running; and since this
+            // replica skips its own change rows, nothing would revoke it again here.
+            // Revocations are final (delete, instance lost), so none is wrongly refused.
+            identities.register_unless_revoked_since(identity, 0);
+        }
+        Ok(identities.get(id).is_some())
+    }
+
     /// Every sandbox identity against the store (the safety net for changes this replica
     /// did not hear of): live sandboxes it does not serve are registered, identities of
     /// sandboxes no longer live are revoked. Returns how many it repaired.

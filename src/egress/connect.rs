@@ -42,7 +42,7 @@ pub(crate) async fn proxy_request(
         .map(|v| v.as_bytes());
     let identity = match &fixed {
         Some(id) => state.identities.get(id),
-        None => state.identities.authenticate(auth),
+        None => state.identities.authenticate_or_look_up(auth).await,
     };
     let Some(identity) = identity else {
         if let Some(id) = &fixed {
