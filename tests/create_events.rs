@@ -355,18 +355,18 @@ async fn a_create_that_fails_over_twice_streams_in_record_order_and_resumes_afte
         eprintln!("curl is not installed: the curl -N client was not run");
     }
 
-    // Connecting late: the current state, then every attempt in order, then done.
+    // Connecting late: every attempt in order, then the final state, then done.
     let (late, _) = read_all(open(&gw, &id, TOKEN_A, None).await).await;
     assert_eq!(
         shape(&late),
         [
-            "state(running)",
             "attempt_started(1,pool-a)",
             "attempt_ended(1,pool-a)",
             "attempt_started(2,pool-b)",
             "attempt_ended(2,pool-b)",
             "attempt_started(3,pool-c)",
             "attempt_ended(3,pool-c)",
+            "state(running)",
             "done(running)",
         ]
     );
@@ -389,6 +389,61 @@ async fn a_create_that_fails_over_twice_streams_in_record_order_and_resumes_afte
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "invalid_request");
     assert_eq!(body["error"]["details"]["field"], "Last-Event-ID");
+}
+
+/// Issue 25 item 12: a stream opened only after a create that failed over twice replays the
+/// durable record as a live stream told it: each attempt started and ended, in order, then
+/// the final state, then `done`. A reader that stops at `state: running` (as a client waiting
+/// for its sandbox does) has then seen every attempt, not the final state alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_opened_after_a_failover_replays_every_attempt_before_the_final_state() {
+    let gw = gateway(FAILOVER, "").await;
+    let (status, created) = create(&gw, json!({})).await;
+    assert_eq!(status, 202, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    // No stream while the create runs: its end is waited for by reading the sandbox.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let sandbox = gw.api_json(&format!("/v1/sandboxes/{id}"), TOKEN_A).await;
+        if sandbox["state"] == "running" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never placed: {sandbox}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let replay = [
+        "attempt_started(1,pool-a)",
+        "attempt_ended(1,pool-a)",
+        "attempt_started(2,pool-b)",
+        "attempt_ended(2,pool-b)",
+        "attempt_started(3,pool-c)",
+        "attempt_ended(3,pool-c)",
+        "state(running)",
+        "done(running)",
+    ];
+    let (late, raw) = read_all(open(&gw, &id, TOKEN_A, None).await).await;
+    assert_eq!(shape(&late), replay, "{raw}");
+    ids_increase(&late);
+    assert_failover_data(&late);
+
+    // A reader that stops at the first `state: running` has every attempt by then.
+    let (until_running, _) = read_until(open(&gw, &id, TOKEN_A, None).await, |e| {
+        e.event == "state" && e.data["state"] == "running"
+    })
+    .await;
+    assert_eq!(shape(&until_running), replay[..7], "{raw}");
+
+    // Resumed from any event of the replay: exactly the rest; after `done`, 204.
+    for (at, event) in late.iter().enumerate() {
+        let resp = open(&gw, &id, TOKEN_A, Some(&event.id)).await;
+        if at + 1 == late.len() {
+            assert_eq!(resp.status(), 204);
+            continue;
+        }
+        let (rest, _) = read_all(resp).await;
+        assert_eq!(rest, late[at + 1..].to_vec(), "resumed after event {at}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -471,9 +526,9 @@ async fn unknown_and_other_workspace_ids_answer_the_same_404_as_read() {
     assert_eq!(
         shape(&events),
         [
-            "state(running)",
             "attempt_started(1,pool-a)",
             "attempt_ended(1,pool-a)",
+            "state(running)",
             "done(running)"
         ]
     );
@@ -699,9 +754,9 @@ async fn create_wait_on_a_create_placed_at_once_still_shows_its_attempts() {
     assert_eq!(
         lines,
         [
-            "sandbox ID: running",
             "attempt 1 on pool pool-a (sim/acct-a): started",
             "attempt 1 on pool pool-a: success N ms",
+            "sandbox ID: running",
             "sandbox ID is running on pool pool-a (sim/acct-a)",
         ],
         "{}",
@@ -791,7 +846,12 @@ async fn create_wait_on_a_create_that_failed_at_once_shows_its_attempts_and_exit
     let sandbox = document(&out);
     assert_eq!(sandbox["state"], "failed", "{sandbox}");
     let lines = plain(&out.stderr, sandbox["id"].as_str().unwrap());
-    assert_eq!(lines[0], "sandbox ID: failed", "{}", out.stderr);
+    assert_eq!(
+        lines[lines.len() - 2],
+        "sandbox ID: failed",
+        "{}",
+        out.stderr
+    );
     let ended: Vec<&String> = lines.iter().filter(|l| l.contains(": advance (")).collect();
     assert_eq!(ended.len(), 3, "{}", out.stderr);
     assert!(ended[2].starts_with("attempt 3 on pool pool-c: advance (outage) N ms"));

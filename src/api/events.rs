@@ -106,7 +106,7 @@ fn resume_from(headers: &HeaderMap) -> Result<Cursor, ErrorReply> {
     ),
     responses(
         (status = 200, content_type = "text/event-stream", body = String, description = "Server-sent events derived from the sandbox's durable record, each with an `id:` that grows along the stream (hand the last one back as Last-Event-ID to resume), and keep-alive comments. Event types (`event:`) and their JSON `data:`: \
-`state` {state, at_ms}: the sandbox's state; the first event is the current state, later ones follow each change. \
+`state` {state, at_ms}: the sandbox's state; on a create in flight the first event is the current state, later ones follow each change; a stream opened after the create ended replays every attempt first, then the final state, then done. \
 `attempt_started` {id, seq, pool, provider, account, started_ms}: an attempt on a pool began. \
 `attempt_ended` {id, seq, pool, state, outcome (success, advance, terminal, unknown), error_class, message, instance_id, duration_ms}: it ended. \
 Attempts come ordered by seq, each start before its end; an attempt first seen already finished yields both. \

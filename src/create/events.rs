@@ -4,8 +4,9 @@
 //! still gets every attempt, in order.
 //!
 //! Events, in the order of the record:
-//! - `state` `{state, at_ms}`: the sandbox's state; the first event of a stream is the
-//!   current state, later ones are sent when it changes;
+//! - `state` `{state, at_ms}`: the sandbox's state; the first event of a stream opened on a
+//!   create in flight is the current state, later ones are sent when it changes; a stream
+//!   opened after the create ended replays its attempts first, then the final state;
 //! - `attempt_started` `{id, seq, pool, provider, account, started_ms}` and
 //!   `attempt_ended` `{id, seq, pool, state, outcome, error_class, message, instance_id,
 //!   duration_ms}`: for attempts ordered by `seq`, each one's start before its end, and an
@@ -157,12 +158,16 @@ pub fn next_events(
         return (out, cursor);
     }
     let code = state_code(&row.state);
-    if cursor.state == 0 {
+    let over = !in_flight(row);
+    // A stream opened on a create in flight starts with its current state. One opened after
+    // the create ended replays the record as a live stream told it: the attempts first, then
+    // the final state, then `done`, so a reader that stops at `state: running` has seen every
+    // attempt (the final state first would hide them from it).
+    if cursor.state == 0 && !over {
         push_state(&mut out, &mut cursor, row, code);
     }
     let mut sorted: Vec<&AttemptRow> = attempts.iter().collect();
     sorted.sort_by_key(|a| a.seq);
-    let over = !in_flight(row);
     attempt_events(&mut out, &mut cursor, &sorted, over);
     if cursor.state != code {
         push_state(&mut out, &mut cursor, row, code);
@@ -410,23 +415,29 @@ mod tests {
     }
 
     #[test]
-    fn a_late_client_gets_the_current_state_then_every_attempt_then_done() {
+    fn a_late_client_gets_every_attempt_then_the_final_state_then_done() {
         let snapshots = failover_snapshots();
         let (row, attempts) = &snapshots[snapshots.len() - 1];
         let (events, cursor) = next_events(row, attempts, Cursor::default());
         assert_eq!(
             kinds(&events),
             [
-                "state:running",
                 "started:1",
                 "ended:1",
                 "started:2",
                 "ended:2",
                 "started:3",
                 "ended:3",
+                "state:running",
                 "done:running",
             ]
         );
+        // Resumed from any event of the replay: exactly the rest.
+        for (i, event) in events.iter().enumerate() {
+            let cursor = Cursor::decode(&event.id.to_string()).expect("own id");
+            let (rest, _) = next_events(row, attempts, cursor);
+            assert_eq!(rest, events[i + 1..].to_vec(), "resumed after {i}");
+        }
         assert!(increasing(&events, 0));
         assert!(cursor.done);
         // Nothing more, ever.
