@@ -233,12 +233,17 @@ impl Setup {
     /// A second gateway on the same store and master key (Postgres only: a SQLite store is
     /// one gateway's).
     async fn another_replica(&self) -> Gateway {
+        self.start_again(None).await
+    }
+
+    /// A gateway with this one's configuration, master key and store: the Postgres database,
+    /// or the SQLite file `sqlite` (a restart on the state an earlier gateway left).
+    async fn start_again(&self, sqlite: Option<std::path::PathBuf>) -> Gateway {
         let (extra_toml, store_url) = self.replica.clone();
         let key = self.secrets.path().join("master.key");
-        Gateway::start(replica_options(
-            self.name, &self.ca, extra_toml, store_url, key,
-        ))
-        .await
+        let mut options = replica_options(self.name, &self.ca, extra_toml, store_url, key);
+        options.store_path = sqlite;
+        Gateway::start(options).await
     }
 
     fn url(&self) -> String {
@@ -539,6 +544,121 @@ async fn replicas_take_turns_with_a_rotating_refresh_token_on_postgres() {
     }
     assert_eq!(s.endpoint.refresh_tokens_issued.lock().unwrap().len(), 4);
     drop(other);
+    s.assert_no_secret_leaked(&[]).await;
+    drop(s);
+    db.drop().await;
+}
+
+/// Stops `gw` (its listeners close, its tasks end) and keeps its directory, which may hold
+/// the SQLite store the next gateway opens.
+fn stop(gw: Gateway, kept: &mut Vec<tempfile::TempDir>) {
+    let Gateway { server, dir, .. } = gw;
+    server.shutdown();
+    kept.push(dir);
+}
+
+/// The credential's refresh token is in the config file and the token endpoint rotates it on
+/// every refresh, refusing a spent one with invalid_grant. A gateway restarted (same store,
+/// same file) between rotations must refresh with the newest token, not the file's spent one:
+/// the file's credential is written again only when its declaration changed.
+#[tokio::test]
+async fn a_restart_between_rotations_keeps_the_newest_refresh_token() {
+    let secret = serde_json::json!({
+        "client_secret": CLIENT_SECRET, "refresh_token": FIRST_REFRESH_TOKEN,
+    })
+    .to_string();
+    let mut s = setup("restarting", "refresh_token", &secret, 1).await;
+    let db = s.gw.dir.path().join("data/sandgate.db");
+    let mut kept = Vec::new();
+    for round in 1..=3 {
+        let client = s.gw.client("sb-a", false);
+        let (status, body) = s.get(&client).await;
+        assert_eq!(
+            status,
+            200,
+            "round {round} (after {} restarts): {body}",
+            round - 1
+        );
+        assert_eq!(s.last_bearer(), s.endpoint.last_issued());
+        assert_eq!(s.endpoint.calls(), round, "each round refreshes once");
+        let view = s.credential_view().await;
+        assert_eq!(
+            view["version"], 1,
+            "a restart rewrote the credential: {view}"
+        );
+        // The token lives 1 s: the next round, on a restarted gateway, must refresh.
+        let fresh = s.start_again(Some(db.clone())).await;
+        stop(std::mem::replace(&mut s.gw, fresh), &mut kept);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    assert_eq!(s.endpoint.refresh_tokens_issued.lock().unwrap().len(), 3);
+
+    // Changing the declaration (here its secret) still replaces the credential at start.
+    let replaced = serde_json::json!({
+        "client_secret": CLIENT_SECRET, "refresh_token": s.endpoint.refresh_token.lock().unwrap().clone(),
+    })
+    .to_string();
+    std::fs::write(s.secrets.path().join("api"), replaced).unwrap();
+    let fresh = s.start_again(Some(db.clone())).await;
+    stop(std::mem::replace(&mut s.gw, fresh), &mut kept);
+    let view = s.credential_view().await;
+    assert_eq!(view["version"], 2, "the changed file replaced it: {view}");
+    let (status, body) = s.get(&s.gw.client("sb-a", false)).await;
+    assert_eq!(status, 200, "{body}");
+    s.assert_no_secret_leaked(&[]).await;
+}
+
+/// A rolling deploy on Postgres: two replicas share the rotating refresh token and restart
+/// in turn, each after it rotated the token; neither start writes the config's (spent)
+/// token over the rotated one.
+#[tokio::test]
+async fn replicas_restarting_in_turn_keep_the_newest_refresh_token_on_postgres() {
+    const TEST: &str = "replicas_restarting_in_turn_keep_the_newest_refresh_token_on_postgres";
+    let Some(server) = postgres::server_or_skip(TEST) else {
+        return;
+    };
+    let db = postgres::TestDatabase::create(&server, "restarting_replicas").await;
+    let secret = serde_json::json!({
+        "client_secret": CLIENT_SECRET, "refresh_token": FIRST_REFRESH_TOKEN,
+    })
+    .to_string();
+    let mut s = setup_on(
+        "rolling",
+        "refresh_token",
+        &secret,
+        1,
+        Some(db.url.expose().to_string()),
+        |_| {},
+    )
+    .await;
+    let mut other = s.another_replica().await;
+    let mut kept = Vec::new();
+    for round in 0..6 {
+        let serving = if round % 2 == 0 { &s.gw } else { &other };
+        let (status, body) = s.get(&serving.client("sb-a", false)).await;
+        assert_eq!(
+            status,
+            200,
+            "round {round} on replica {}: {body}",
+            round % 2
+        );
+        assert_eq!(s.endpoint.calls(), round + 1);
+        // The replica that just rotated the token restarts.
+        let fresh = s.another_replica().await;
+        if round % 2 == 0 {
+            stop(std::mem::replace(&mut s.gw, fresh), &mut kept);
+        } else {
+            stop(std::mem::replace(&mut other, fresh), &mut kept);
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    assert_eq!(s.endpoint.refresh_tokens_issued.lock().unwrap().len(), 6);
+    let view = s.credential_view().await;
+    assert_eq!(
+        view["version"], 1,
+        "no start rewrote the credential: {view}"
+    );
+    stop(other, &mut kept);
     s.assert_no_secret_leaked(&[]).await;
     drop(s);
     db.drop().await;

@@ -499,8 +499,10 @@ impl std::fmt::Debug for CredentialStore {
 }
 
 impl CredentialStore {
-    /// Loads every stored credential, then upserts the ones declared in config (config wins
-    /// for its own names, so editing the file and restarting rotates them).
+    /// Loads every stored credential, then writes the ones declared in config whose
+    /// declaration (metadata or secret) changed since it was last written, or that the store
+    /// lacks (see [`CredentialStore::declare`]): editing the file and restarting rotates them,
+    /// restarting with the same file changes nothing.
     pub async fn load(
         key: Arc<MasterKey>,
         store: Store,
@@ -518,9 +520,54 @@ impl CredentialStore {
         }
         for declared in declared {
             let secret = declared.read_secret()?;
-            credentials.put(declared.meta(), Some(secret), true).await?;
+            credentials.declare(declared.meta(), secret).await?;
         }
         Ok(credentials)
+    }
+
+    /// Writes a credential the config file declares, unless the store holds what this very
+    /// declaration wrote. Rewriting it on every start would bump its version, and state kept
+    /// under the version (an OAuth2 refresh token the endpoint rotated) would be dropped for the
+    /// spent token in the file: a restart or a rolling deploy would end the credential. What
+    /// was written is remembered as a digest of the declaration (metadata and secret), sealed
+    /// in `store_secrets` so it says nothing about a weak secret to whoever reads the database.
+    /// A credential replaced through the API keeps the API's version until the file changes.
+    async fn declare(&self, meta: CredentialMeta, secret: Secret) -> Result<(), CredentialError> {
+        let record = declaration_record_name(&meta.workspace, &meta.name);
+        let digest = declaration_digest(&meta, &secret);
+        if self.get(&meta.workspace, &meta.name).is_some()
+            && self.declared_digest(&record).await?.as_deref() == Some(digest.as_str())
+        {
+            tracing::debug!(
+                workspace = %meta.workspace, credential = %meta.name,
+                "declared credential unchanged since it was written; the stored version is kept"
+            );
+            return Ok(());
+        }
+        let (workspace, name) = (meta.workspace.clone(), meta.name.clone());
+        self.put(meta, Some(secret), true).await?;
+        let context = keys::store_secret_context(&record);
+        let sealed = self.key.seal(&Secret::new(digest), &context)?;
+        self.store.put_store_secret(&record, &sealed).await?;
+        tracing::info!(
+            workspace = %workspace, credential = %name,
+            "declared credential written (new or changed in the config)"
+        );
+        Ok(())
+    }
+
+    /// The digest the last write of a declared credential recorded; `None` when there is
+    /// none or it does not open (either way the declaration is written again).
+    async fn declared_digest(&self, record: &str) -> Result<Option<String>, CredentialError> {
+        let Some(sealed) = self.store.store_secret(record).await? else {
+            return Ok(None);
+        };
+        let context = keys::store_secret_context(record);
+        Ok(self
+            .key
+            .open(&sealed, &context)
+            .ok()
+            .map(|digest| digest.expose().to_string()))
     }
 
     pub fn key(&self) -> &MasterKey {
@@ -784,6 +831,11 @@ impl CredentialStore {
         self.store
             .delete_store_secret(&tokens::rotated_refresh_token_name(workspace, name))
             .await?;
+        // A declared credential deleted here is written again from the file at the next start
+        // (its row is missing); the record of the last write goes with the row.
+        self.store
+            .delete_store_secret(&declaration_record_name(workspace, name))
+            .await?;
         if !removed {
             return Err(CredentialError::NotFound {
                 workspace: workspace.into(),
@@ -792,4 +844,20 @@ impl CredentialStore {
         }
         Ok(())
     }
+}
+
+/// The `store_secrets` name the digest of a declared credential's last write is kept under.
+fn declaration_record_name(workspace: &str, name: &str) -> String {
+    format!("config-declaration/{workspace}/{name}")
+}
+
+/// SHA-256 (hex) of a declaration: its metadata as stored and its secret.
+fn declaration_digest(meta: &CredentialMeta, secret: &Secret) -> String {
+    let meta_json = serde_json::to_string(meta).expect("credential metadata serializes");
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    context.update(meta_json.as_bytes());
+    // The metadata is JSON, so it holds no NUL: the boundary is unambiguous.
+    context.update(b"\0");
+    context.update(secret.expose().as_bytes());
+    hex::encode(context.finish())
 }

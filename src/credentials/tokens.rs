@@ -20,6 +20,9 @@
 //!   between), and never leaves this module except towards the token endpoint. Replicas do
 //!   not serialise their refreshes with each other: two refreshing the same rotating
 //!   credential at the same instant can still lose one rotation to the endpoint.
+//! - The version, and so the rotated token, survives restarts: a credential declared in the
+//!   config is written again (a new version, starting from the file's token) only when its
+//!   declaration changed (`CredentialStore::declare`).
 //! - What [`TokenSource::status`] reports (expiry, last outcome, the endpoint's error code)
 //!   never includes a token.
 

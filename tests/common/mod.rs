@@ -429,6 +429,9 @@ pub struct GatewayOptions {
     /// The master key file to use instead of a new one in the test's directory: a gateway
     /// started again on a shared store must unseal what the first one sealed.
     pub master_key_file: Option<PathBuf>,
+    /// The SQLite file to use instead of a new one in the test's directory: a gateway
+    /// restarted on the state an earlier one left.
+    pub store_path: Option<PathBuf>,
 }
 
 impl Default for GatewayOptions {
@@ -452,6 +455,7 @@ impl Default for GatewayOptions {
             proxy_toml: String::new(),
             store_url: None,
             master_key_file: None,
+            store_path: None,
         }
     }
 }
@@ -515,7 +519,12 @@ impl Gateway {
             Some(url) => toml.push_str(&format!("[store]\nurl = {url:?}\n")),
             None => toml.push_str(&format!(
                 "[store]\npath = {:?}\n",
-                dir.path().join("data/sandgate.db").display().to_string()
+                options
+                    .store_path
+                    .clone()
+                    .unwrap_or_else(|| dir.path().join("data/sandgate.db"))
+                    .display()
+                    .to_string()
             )),
         }
         let master_key_file = options
