@@ -50,3 +50,15 @@ path_allowed(d, path) if {
 	is_string(d.path_prefix)
 	startswith(path, d.path_prefix)
 }
+
+# An S3 request whose host does not say whether the bucket is in the host or in the path (neither
+# one of AWS's S3 names nor the credential's `endpoint`) reaches the policy with no addressing,
+# bucket, key, operation or action. Bucket and key rules cannot hold for it (a deny on bucket
+# "logs" would not see `logs.s3.example.test/k`), so it is refused rather than guessed; setting
+# `endpoint` on the credential (`apply.endpoint = "s3.example.test"`) removes the ambiguity.
+deny contains msg if {
+	input.credential.type == "aws_sigv4"
+	input.request.aws.service == "s3"
+	input.request.aws.addressing == null
+	msg := sprintf("credential %s: cannot tell which S3 bucket a request to %s addresses (path-style or virtual-hosted); set apply.endpoint on the credential", [input.credential.name, input.destination.host])
+}

@@ -41,3 +41,21 @@ test_other_workspace_denied if {
 	not credential.allow with input as r
 	count(credential.deny) == 1 with input as r
 }
+
+s3_req(host, addressing) := object.union(req(host, 443, "DELETE", "/keep/v.txt"), {
+	"credential": object.union(cred, {"type": "aws_sigv4", "destinations": [{"host": host, "ports": [], "methods": [], "path_prefix": null}]}),
+	"request": {"method": "DELETE", "path": "/keep/v.txt", "aws": {
+		"service": "s3", "region": "auto", "addressing": addressing,
+		"operation": null, "action": null, "bucket": null, "key": null, "resource": null,
+	}},
+})
+
+test_s3_with_unknown_addressing_denied if {
+	r := s3_req("bucket.s3.example.test", null)
+	count(credential.deny) == 1 with input as r
+}
+
+test_s3_with_known_addressing_not_denied if {
+	count(credential.deny) == 0 with input as s3_req("bucket.s3.example.test", "virtual_hosted")
+	count(credential.deny) == 0 with input as s3_req("s3.example.test", "path")
+}

@@ -39,8 +39,29 @@ struct Setup {
     _ca: TestCa,
 }
 
+/// What a test adds to the gateway [`setup`] makes.
+#[derive(Default)]
+struct Extra {
+    /// More names the S3 origin answers for (its certificate, `[dns.hosts]`, the sandbox's
+    /// allowed domains).
+    names: Vec<&'static str>,
+    /// More `[[credentials]]`: `{port}` stands for the S3 origin's port, `{keys}` for the
+    /// key file.
+    credentials_toml: &'static str,
+    /// Their names, bound to the sandbox.
+    credentials: Vec<&'static str>,
+    /// Policy files instead of [`DENY_DELETE`].
+    policies: Option<Vec<(&'static str, String)>>,
+    /// More `s3_origin.py` arguments (later ones win).
+    origin_args: Vec<&'static str>,
+}
+
 /// `None` outside CI when boto3 is missing (CI installs it and fails instead).
 async fn setup() -> Option<Setup> {
+    setup_with(Extra::default()).await
+}
+
+async fn setup_with(extra: Extra) -> Option<Setup> {
     capture_logs();
     init();
     let python = sdk::python();
@@ -53,7 +74,9 @@ async fn setup() -> Option<Setup> {
     }
     let ca = TestCa::new();
     let work = tempfile::tempdir().unwrap();
-    let (cert, key) = ca.server_pem(&["s3.test", "sts.test"]);
+    let mut names = vec!["s3.test", "sts.test"];
+    names.extend(&extra.names);
+    let (cert, key) = ca.server_pem(&names);
     let port_file = work.path().join("port");
     let s3_log = work.path().join("s3.jsonl");
     let mut s3 = ChildGuard(
@@ -63,6 +86,7 @@ async fn setup() -> Option<Setup> {
             .args(["--port-file", &p(&port_file), "--log", &p(&s3_log)])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
             .args(["--session-token", SESSION_TOKEN])
+            .args(&extra.origin_args)
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap(),
@@ -75,6 +99,10 @@ async fn setup() -> Option<Setup> {
     });
     let keys_file = work.path().join("aws.json");
     std::fs::write(&keys_file, keys.to_string()).unwrap();
+    let more_credentials = extra
+        .credentials_toml
+        .replace("{port}", &s3_port.to_string())
+        .replace("{keys}", &format!("{:?}", p(&keys_file)));
     let extra_toml = format!(
         r#"
 [[api.tokens]]
@@ -87,7 +115,7 @@ workspace = "ws-a"
 name = "s3"
 secret_file = {keys:?}
 destinations = [{{ host = "s3.test", ports = [{s3_port}] }}]
-apply = {{ type = "aws_sigv4", service = "s3", region = "us-east-1" }}
+apply = {{ type = "aws_sigv4", service = "s3", region = "us-east-1", endpoint = "s3.test" }}
 
 [[credentials]]
 workspace = "ws-a"
@@ -95,23 +123,28 @@ name = "sts"
 secret_file = {keys:?}
 destinations = [{{ host = "sts.test", ports = [{s3_port}] }}]
 apply = {{ type = "aws_sigv4", service = "sts", region = "us-east-1" }}
-"#,
+{more_credentials}"#,
         keys = p(&keys_file),
     );
+    let mut allow_domains = names.clone();
+    allow_domains.push("api.a.test");
+    let mut credentials = vec!["s3", "sts"];
+    credentials.extend(&extra.credentials);
+    let mut hosts: Vec<(&'static str, &'static str)> =
+        names.iter().map(|name| (*name, "127.0.0.1")).collect();
+    hosts.push(("api.a.test", "127.0.0.1"));
     let gw = Gateway::start(GatewayOptions {
         identities: vec![IdentitySpec {
             id: "sb-a",
             workspace: "ws-a",
-            allow_domains: vec!["s3.test", "sts.test", "api.a.test"],
-            credentials: vec!["s3", "sts"],
+            allow_domains,
+            credentials,
         }],
-        hosts: vec![
-            ("s3.test", "127.0.0.1"),
-            ("sts.test", "127.0.0.1"),
-            ("api.a.test", "127.0.0.1"),
-        ],
+        hosts,
         upstream_ca: Some(ca.pem_path.clone()),
-        extra_policies: vec![("deny_delete.rego", DENY_DELETE.to_string())],
+        extra_policies: extra
+            .policies
+            .unwrap_or_else(|| vec![("deny_delete.rego", DENY_DELETE.to_string())]),
         extra_toml,
         ..Default::default()
     })
@@ -163,11 +196,24 @@ impl Setup {
         endpoint: &str,
         steps: &[&str],
     ) -> Vec<serde_json::Value> {
+        self.boto3_addressing(credential, endpoint, "path", steps)
+            .await
+    }
+
+    /// [`Setup::boto3`] with S3 `addressing` `path` or `virtual`.
+    async fn boto3_addressing(
+        &self,
+        credential: &str,
+        endpoint: &str,
+        addressing: &str,
+        steps: &[&str],
+    ) -> Vec<serde_json::Value> {
         let env = self.sandbox_env(credential).await;
         let mut command = Command::new(&self.python);
         command
             .arg(fixture("aws_client.py"))
             .args(["--endpoint", endpoint, "--region", "us-east-1"])
+            .args(["--addressing", addressing])
             .args(steps)
             .env_remove("AWS_SESSION_TOKEN")
             .env_remove("AWS_PROFILE")
@@ -410,5 +456,121 @@ async fn signed_streaming_uploads_have_every_chunk_signed_again() {
     assert_eq!(uploads[1]["chunks"], 20);
     assert_eq!(uploads[1]["trailer_signature_verified"], true);
     assert!(!log.iter().any(|r| r.to_string().contains("sgph_")));
+    s.assert_no_secret_leaked().await;
+}
+
+/// An S3-compatible service (R2, MinIO, a custom endpoint) addressed virtual-hosted, by boto3
+/// itself: with the credential's `endpoint` set, `bucket.<endpoint>/keep/v.txt` is bucket
+/// `bucket`, key `keep/v.txt` (not bucket `keep`), so a deny on bucket "bucket" holds and
+/// another bucket is not refused. Without `endpoint` the host could be either style: the
+/// bundled policy refuses the request rather than let a bucket rule guess.
+#[tokio::test]
+async fn s3_compatible_virtual_hosted_requests_reach_the_policy_with_their_bucket() {
+    const DENY_BUCKET: &str = r#"package sandgate.credential
+
+import rego.v1
+
+deny contains msg if {
+	input.credential.type == "aws_sigv4"
+	input.request.aws.bucket == "bucket"
+	input.request.aws.action == "s3:DeleteObject"
+	msg := sprintf("%s in bucket %s (key %s) is not allowed", [input.request.aws.operation, input.request.aws.bucket, input.request.aws.key])
+}
+"#;
+    let Some(s) = setup_with(Extra {
+        names: vec![
+            "s3.example-compatible.test",
+            "bucket.s3.example-compatible.test",
+            "other.s3.example-compatible.test",
+            "bucket.s3.unknown-compatible.test",
+        ],
+        credentials_toml: r#"
+[[credentials]]
+workspace = "ws-a"
+name = "compatible"
+secret_file = {keys}
+destinations = [{ host = "s3.example-compatible.test", ports = [{port}] }, { host = "*.s3.example-compatible.test", ports = [{port}] }]
+apply = { type = "aws_sigv4", service = "s3", region = "us-east-1", endpoint = "s3.example-compatible.test" }
+
+[[credentials]]
+workspace = "ws-a"
+name = "unknown"
+secret_file = {keys}
+destinations = [{ host = "*.s3.unknown-compatible.test", ports = [{port}] }]
+apply = { type = "aws_sigv4", service = "s3", region = "us-east-1" }
+"#,
+        credentials: vec!["compatible", "unknown"],
+        policies: Some(vec![("deny_bucket.rego", DENY_BUCKET.to_string())]),
+        ..Extra::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let endpoint = format!("https://s3.example-compatible.test:{}", s.s3_port);
+    let results = s
+        .boto3_addressing(
+            "compatible",
+            &endpoint,
+            "virtual",
+            &["delete:bucket/keep/v.txt", "delete:other/keep/v.txt"],
+        )
+        .await;
+    assert_eq!(results[0]["ok"], false, "{}", results[0]);
+    assert_eq!(results[0]["status"], 403, "{}", results[0]);
+    let log = s.s3_log();
+    assert!(
+        !log.iter().any(|r| r["headers"]["host"]
+            .as_str()
+            .unwrap()
+            .starts_with("bucket.")),
+        "the refused delete reached the origin: {log:?}"
+    );
+    // Another bucket is not refused: the delete went out, re-signed for its own host.
+    let forwarded: Vec<&serde_json::Value> = log
+        .iter()
+        .filter(|r| {
+            r["method"] == "DELETE"
+                && r["headers"]["host"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("other.s3.example-compatible.test")
+        })
+        .collect();
+    assert_eq!(forwarded.len(), 1, "{log:?}");
+    assert_eq!(forwarded[0]["verified"], true, "{}", forwarded[0]);
+    assert_eq!(forwarded[0]["path"], "/keep/v.txt");
+
+    // No endpoint: `bucket.s3.unknown-compatible.test` might be bucket `bucket` or a path-style
+    // endpoint; the request is refused, and never forwarded.
+    let unknown = format!("https://s3.unknown-compatible.test:{}", s.s3_port);
+    let results = s
+        .boto3_addressing(
+            "unknown",
+            &unknown,
+            "virtual",
+            &["delete:bucket/keep/v.txt"],
+        )
+        .await;
+    assert_eq!(results[0]["status"], 403, "{}", results[0]);
+    assert_eq!(s.s3_log().len(), log.len(), "nothing more was forwarded");
+
+    let denied: Vec<serde_json::Value> =
+        s.gw.decisions(3)
+            .await
+            .into_iter()
+            .filter(|r| r["code"] == "credential_denied")
+            .collect();
+    assert_eq!(denied.len(), 2, "{denied:?}");
+    let reasons = denied[0]["reasons"].to_string();
+    assert!(
+        reasons.contains("DeleteObject in bucket bucket (key keep/v.txt)"),
+        "{reasons}"
+    );
+    let reasons = denied[1]["reasons"].to_string();
+    assert!(
+        reasons.contains("cannot tell which S3 bucket") && reasons.contains("apply.endpoint"),
+        "{reasons}"
+    );
     s.assert_no_secret_leaked().await;
 }

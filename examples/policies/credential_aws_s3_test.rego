@@ -9,7 +9,7 @@ s3_request(action, bucket, key) := {
 	"sandbox": {"id": "sb1", "workspace": "ws-a", "labels": {}, "allow_domains": []},
 	"destination": {"host": "s3.us-east-1.amazonaws.com", "port": 443, "ip": null, "scheme": "https"},
 	"request": {"method": "GET", "path": "/", "aws": {
-		"service": "s3", "region": "us-east-1", "action": action,
+		"service": "s3", "region": "us-east-1", "action": action, "addressing": "path",
 		"operation": substring(action, 3, -1), "bucket": bucket, "key": key,
 	}},
 }

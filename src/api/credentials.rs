@@ -122,9 +122,16 @@ fn check_body(ws: &str, body: &CredentialBody) -> Result<(), ErrorReply> {
         }
         Apply::Basic { username } => text("apply.username", username, MAX_TEXT_BYTES)?,
         Apply::Query { param } => text("apply.param", param, sandgate_router::MAX_NAME_BYTES)?,
-        Apply::AwsSigv4 { service, region } => {
+        Apply::AwsSigv4 {
+            service,
+            region,
+            endpoint,
+        } => {
             text("apply.service", service, sandgate_router::MAX_NAME_BYTES)?;
             text("apply.region", region, sandgate_router::MAX_NAME_BYTES)?;
+            if let Some(endpoint) = endpoint {
+                text("apply.endpoint", endpoint, MAX_TEXT_BYTES)?;
+            }
         }
         Apply::Oauth2 {
             token_url,

@@ -93,8 +93,12 @@ impl AwsSigning {
         host_header: &str,
         body_sha256: Option<&str>,
     ) -> Result<Option<super::aws_chunked::ChunkResigner>, ErrorReply> {
-        let (Apply::AwsSigv4 { service, region }, Material::Aws(keys)) =
-            (&self.credential.meta.apply, &self.credential.material)
+        let (
+            Apply::AwsSigv4 {
+                service, region, ..
+            },
+            Material::Aws(keys),
+        ) = (&self.credential.meta.apply, &self.credential.material)
         else {
             return Err(aws_error(
                 &self.credential,
@@ -464,10 +468,15 @@ fn authorize(
     signed_by: Option<&aws::SignedBy>,
 ) -> Result<(), ErrorReply> {
     let aws = signed_by.and_then(|_| match &credential.meta.apply {
-        Apply::AwsSigv4 { service, region } => Some(
-            aws::operation(
+        Apply::AwsSigv4 {
+            service,
+            region,
+            endpoint,
+        } => Some(
+            aws::operation_at(
                 service,
                 region,
+                endpoint.as_deref(),
                 view.method,
                 view.host,
                 path_and_query,

@@ -27,6 +27,11 @@
 //! - [`operation`] names what a request does (`s3:GetObject` on a bucket and key, a DynamoDB
 //!   `GetItem`, a Bedrock `InvokeModel` on a model), as policy input. It is best effort and
 //!   fails closed: a request it does not recognise has no operation and no action.
+//! - S3 addressing (which part of the request names the bucket) is read from the host: an AWS
+//!   S3 endpoint name, or the endpoint the credential configures (`<bucket>.<endpoint>` is
+//!   virtual-hosted, `<endpoint>` itself path-style). Any other host could be either (for
+//!   `a.b.example`, is `a` a bucket?), so such a request gets no addressing, bucket, key,
+//!   operation or action rather than a guess a bucket rule could be bypassed with.
 
 use std::borrow::Cow;
 use std::time::SystemTime;
@@ -511,6 +516,9 @@ pub struct Operation {
     /// The other resource an operation names: the model id for Bedrock, the copy source
     /// (`bucket/key`, percent-decoded) for S3 copies.
     pub resource: Option<String>,
+    /// S3 only: `virtual_hosted` or `path`; `None` when the host does not say (see the
+    /// module documentation) and for other services.
+    pub addressing: Option<&'static str>,
 }
 
 impl Operation {
@@ -523,14 +531,29 @@ impl Operation {
             "bucket": self.bucket,
             "key": self.key,
             "resource": self.resource,
+            "addressing": self.addressing,
         }))
     }
 }
 
-/// `host` may carry a port; `path_and_query` is the request target as forwarded.
+/// [`operation_at`] for a credential without an `endpoint` (AWS's own host names only).
 pub fn operation(
     service: &str,
     region: &str,
+    method: &str,
+    host: &str,
+    path_and_query: &str,
+    headers: &HeaderMap,
+) -> Operation {
+    operation_at(service, region, None, method, host, path_and_query, headers)
+}
+
+/// `host` may carry a port; `path_and_query` is the request target as forwarded; `endpoint`
+/// is the S3-compatible endpoint host the credential configures.
+pub fn operation_at(
+    service: &str,
+    region: &str,
+    endpoint: Option<&str>,
     method: &str,
     host: &str,
     path_and_query: &str,
@@ -547,9 +570,10 @@ pub fn operation(
         bucket: None,
         key: None,
         resource: None,
+        addressing: None,
     };
     let named = match service {
-        "s3" => s3_operation(&mut op, method, host, path, query, headers),
+        "s3" => s3_operation(&mut op, endpoint, method, host, path, query, headers),
         "bedrock" => bedrock_operation(&mut op, method, path),
         _ => json_or_query_operation(service, query, headers),
     };
@@ -609,6 +633,7 @@ const S3_SUBRESOURCES: &[&str] = &[
 
 fn s3_operation(
     op: &mut Operation,
+    endpoint: Option<&str>,
     method: &str,
     host: &str,
     path: &str,
@@ -618,16 +643,20 @@ fn s3_operation(
     let decode = |s: &str| percent_decode_str(s).decode_utf8_lossy().into_owned();
     let non_empty = |s: String| Some(s).filter(|s| !s.is_empty());
     let rest = path.strip_prefix('/').unwrap_or(path);
-    match virtual_hosted_bucket(host) {
-        Some(bucket) => {
+    match s3_addressing(host, endpoint) {
+        Addressing::VirtualHosted(bucket) => {
+            op.addressing = Some("virtual_hosted");
             op.bucket = Some(bucket);
             op.key = non_empty(decode(rest));
         }
-        None => {
+        Addressing::Path => {
+            op.addressing = Some("path");
             let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
             op.bucket = non_empty(decode(bucket));
             op.key = op.bucket.as_ref().and_then(|_| non_empty(decode(key)));
         }
+        // Neither bucket, key nor operation: each would be a guess.
+        Addressing::Unknown => return None,
     }
 
     let params: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
@@ -756,19 +785,56 @@ fn s3_name(
     })
 }
 
-/// The bucket a virtual-hosted-style S3 host names: `bucket.s3.amazonaws.com`,
-/// `bucket.s3.REGION.amazonaws.com`, `bucket.s3-REGION.amazonaws.com` (and the dualstack,
-/// FIPS and accelerate forms). `None` means path style: the bare endpoint, or any other host.
-fn virtual_hosted_bucket(host: &str) -> Option<String> {
+/// Where an S3 request names its bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Addressing {
+    /// In the host (`bucket.endpoint`): the whole path is the key.
+    VirtualHosted(String),
+    /// In the first path segment.
+    Path,
+    /// The host does not say.
+    Unknown,
+}
+
+/// The addressing style `host` (possibly with a port) implies: `endpoint` (the credential's
+/// S3-compatible endpoint, a host name) is path-style and `<bucket>.<endpoint>` virtual-hosted;
+/// an AWS S3 name is read as AWS writes them ([`aws_s3_addressing`]); any other host is
+/// [`Addressing::Unknown`].
+fn s3_addressing(host: &str, endpoint: Option<&str>) -> Addressing {
     let host = host.to_ascii_lowercase();
     let host = match host.rsplit_once(':') {
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
         _ => host.as_str(),
     };
     let host = host.strip_suffix('.').unwrap_or(host);
-    let rest = host
+    if let Some(endpoint) = endpoint {
+        let endpoint = endpoint.to_ascii_lowercase();
+        let endpoint = endpoint.strip_suffix('.').unwrap_or(&endpoint);
+        if host == endpoint {
+            return Addressing::Path;
+        }
+        if let Some(bucket) = host
+            .strip_suffix(endpoint)
+            .and_then(|rest| rest.strip_suffix('.'))
+            .filter(|bucket| !bucket.is_empty())
+        {
+            return Addressing::VirtualHosted(bucket.to_owned());
+        }
+    }
+    aws_s3_addressing(host)
+}
+
+/// AWS's S3 host names: `bucket.s3.amazonaws.com`, `bucket.s3.REGION.amazonaws.com`,
+/// `bucket.s3-REGION.amazonaws.com` (and the dualstack, FIPS and accelerate forms) are
+/// virtual-hosted; the bare endpoints path-style. Another host, or an AWS name without an S3
+/// endpoint label, is [`Addressing::Unknown`]. `host` is lower case, without port.
+fn aws_s3_addressing(host: &str) -> Addressing {
+    let Some(rest) = host
         .strip_suffix(".amazonaws.com")
-        .or_else(|| host.strip_suffix(".amazonaws.com.cn"))?;
+        .or_else(|| host.strip_suffix(".amazonaws.com.cn"))
+    else {
+        return Addressing::Unknown;
+    };
     let labels: Vec<&str> = rest.split('.').collect();
     // The endpoint label (`s3`, `s3-REGION`, `s3-fips`, `s3-accelerate`…) is followed by at
     // most two labels (`dualstack`, a region); bucket names may hold dots and `s3` labels,
@@ -776,8 +842,28 @@ fn virtual_hosted_bucket(host: &str) -> Option<String> {
     let at = (0..labels.len())
         .rev()
         .take(3)
-        .find(|&i| labels[i] == "s3" || labels[i].starts_with("s3-"))?;
-    (at > 0).then(|| labels[..at].join("."))
+        .find(|&i| labels[i] == "s3" || labels[i].starts_with("s3-"));
+    match at {
+        None => Addressing::Unknown,
+        Some(0) => Addressing::Path,
+        Some(at) => Addressing::VirtualHosted(labels[..at].join(".")),
+    }
+}
+
+/// Checks a credential's `endpoint`: a host name (no scheme, port or path), as the S3
+/// client is pointed at.
+pub(crate) fn is_endpoint_name(endpoint: &str) -> bool {
+    endpoint.len() <= 253
+        && !endpoint.is_empty()
+        && endpoint.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
 }
 
 fn bedrock_operation(op: &mut Operation, method: &str, path: &str) -> Option<(String, String)> {

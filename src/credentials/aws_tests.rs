@@ -1220,27 +1220,19 @@ fn s3_operations() {
             Some("bkt"),
             Some("k"),
         ),
-        // Other hosts are path style: a custom endpoint, a port, an IP.
+        // Other hosts (a custom endpoint, a port, an IP) with no endpoint configured: path or
+        // virtual-hosted cannot be told, so nothing is named (see `s3_compatible_endpoints`).
         (
             "GET",
             "minio.internal:9000",
             "/bkt/k",
             &[],
-            Some("GetObject"),
-            Some("s3:GetObject"),
-            Some("bkt"),
-            Some("k"),
-        ),
-        (
-            "GET",
-            "127.0.0.1",
-            "/bkt",
-            &[],
-            Some("ListObjects"),
-            Some("s3:ListBucket"),
-            Some("bkt"),
+            None,
+            None,
+            None,
             None,
         ),
+        ("GET", "127.0.0.1", "/bkt", &[], None, None, None, None),
         (
             "GET",
             "s3.dualstack.eu-west-1.amazonaws.com",
@@ -1432,6 +1424,99 @@ fn json_query_and_bedrock_operations() {
     }
 }
 
+/// R2, MinIO and other S3-compatible services: the credential's `endpoint` says where the
+/// bucket is; without it a host that is not AWS's names nothing.
+#[test]
+fn s3_compatible_endpoints() {
+    let at = |endpoint: Option<&str>, method: &str, host: &str, target: &str| {
+        let o = operation_at(
+            "s3",
+            "auto",
+            endpoint,
+            method,
+            host,
+            target,
+            &HeaderMap::new(),
+        );
+        (o.addressing, o.bucket, o.key, o.operation.and(o.action))
+    };
+    let owned = |s: &str| Some(s.to_string());
+    const EP: Option<&str> = Some("s3.example-compatible.test");
+    assert_eq!(
+        at(
+            EP,
+            "DELETE",
+            "bucket.s3.example-compatible.test:8443",
+            "/keep/v.txt"
+        ),
+        (
+            Some("virtual_hosted"),
+            owned("bucket"),
+            owned("keep/v.txt"),
+            owned("s3:DeleteObject")
+        )
+    );
+    assert_eq!(
+        at(EP, "GET", "My.Bucket.S3.Example-Compatible.Test.", "/"),
+        (
+            Some("virtual_hosted"),
+            owned("my.bucket"),
+            None,
+            owned("s3:ListBucket")
+        )
+    );
+    assert_eq!(
+        at(EP, "DELETE", "s3.example-compatible.test", "/keep/v.txt"),
+        (
+            Some("path"),
+            owned("keep"),
+            owned("v.txt"),
+            owned("s3:DeleteObject")
+        )
+    );
+    // A host that only ends like the endpoint, or another host: unknown.
+    for host in [
+        "xs3.example-compatible.test",
+        "bucket.s3.other.test",
+        "s3.example-compatible.test.evil",
+    ] {
+        assert_eq!(
+            at(EP, "DELETE", host, "/keep/v.txt"),
+            (None, None, None, None),
+            "{host}"
+        );
+    }
+    assert_eq!(
+        at(
+            None,
+            "DELETE",
+            "bucket.s3.example-compatible.test",
+            "/keep/v.txt"
+        ),
+        (None, None, None, None)
+    );
+    // AWS's names are read as before, endpoint or not; other services have no addressing.
+    assert_eq!(
+        at(EP, "GET", "bkt.s3.us-east-1.amazonaws.com", "/k").1,
+        owned("bkt")
+    );
+    assert_eq!(
+        at(None, "GET", "dynamodb.us-east-1.amazonaws.com", "/bkt/k"),
+        (None, None, None, None)
+    );
+    assert!(is_endpoint_name("s3.example-compatible.test"));
+    for bad in [
+        "",
+        "https://s3.example",
+        "s3.example:9000",
+        "s3..example",
+        "S3.example",
+        "s3.example/",
+    ] {
+        assert!(!is_endpoint_name(bad), "{bad}");
+    }
+}
+
 #[test]
 fn operation_to_value() {
     let o = op("GET", "bkt.s3.amazonaws.com", "/k", &[]);
@@ -1439,6 +1524,7 @@ fn operation_to_value() {
     let expected = regorus::Value::from(serde_json::json!({
         "service": "s3", "region": "us-east-1", "operation": "GetObject",
         "action": "s3:GetObject", "bucket": "bkt", "key": "k", "resource": null,
+        "addressing": "virtual_hosted",
     }));
     assert_eq!(v, expected);
 }

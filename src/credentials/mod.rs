@@ -96,10 +96,19 @@ pub enum Apply {
     /// `?param=secret` (replacing any value the sandbox sent for it).
     Query { param: String },
     /// Re-sign AWS Signature Version 4 requests: the sandbox's SDK signs with its placeholder
-    /// key, the proxy checks that and signs again with the real key for `service` and
-    /// `region` (see [`aws`]). The secret is the JSON document
-    /// `{"access_key_id", "secret_access_key", "session_token"?}`.
-    AwsSigv4 { service: String, region: String },
+    /// key; a request whose `Authorization` names that placeholder as its access key id is
+    /// signed again with the real key for `service` and `region` (see [`aws`]). The secret is
+    /// the JSON document `{"access_key_id", "secret_access_key", "session_token"?}`.
+    AwsSigv4 {
+        service: String,
+        region: String,
+        /// An S3-compatible endpoint's host name (R2, MinIO…): `<bucket>.<endpoint>` is read
+        /// as virtual-hosted, `<endpoint>` as path-style. Without it only AWS's own names tell
+        /// the bucket (see [`aws::operation_at`]). Not serialized when unset, so the stored
+        /// metadata of credentials without one (and their declaration digests) stay as they were.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        endpoint: Option<String>,
+    },
     /// An OAuth2 access token sandgate obtains from `token_url` and injects as
     /// `Authorization: Bearer` (see [`oauth2`]). The secret is the client secret
     /// (`client_credentials`), the refresh token (`refresh_token`, public client), or the
@@ -208,10 +217,22 @@ impl CredentialMeta {
                     return bad("apply.param", "not a query parameter name".into());
                 }
             }
-            Apply::AwsSigv4 { service, region } => {
+            Apply::AwsSigv4 {
+                service,
+                region,
+                endpoint,
+            } => {
                 for (field, value) in [("apply.service", service), ("apply.region", region)] {
                     if !aws::is_scope_name(value) {
                         return bad(field, "use 1-64 of a-z, 0-9 and '-'".into());
+                    }
+                }
+                if let Some(endpoint) = endpoint {
+                    if !aws::is_endpoint_name(endpoint) {
+                        return bad(
+                            "apply.endpoint",
+                            "a lower-case host name (no scheme, port or path)".into(),
+                        );
                     }
                 }
             }
