@@ -574,3 +574,67 @@ apply = { type = "aws_sigv4", service = "s3", region = "us-east-1" }
     );
     s.assert_no_secret_leaked().await;
 }
+
+/// S3 answers a request it cannot authenticate with an error document naming the access key
+/// id it was signed with (`<AWSAccessKeyId>`): the real one, after the proxy re-signed it.
+/// The origin here knows the id but holds another secret, so every signature fails that way,
+/// and it also echoes the id in a header. boto3 in the sandbox sees the error, never the id.
+#[tokio::test]
+async fn an_access_key_id_the_origin_echoes_is_scrubbed() {
+    let Some(s) = setup_with(Extra {
+        names: vec!["echo.s3.test"],
+        credentials_toml: r#"
+[[credentials]]
+workspace = "ws-a"
+name = "echo"
+secret_file = {keys}
+scrub_response_body = true
+destinations = [{ host = "echo.s3.test", ports = [{port}] }]
+apply = { type = "aws_sigv4", service = "s3", region = "us-east-1", endpoint = "echo.s3.test" }
+"#,
+        credentials: vec!["echo"],
+        origin_args: vec![
+            "--secret-key",
+            "not-the-real-secret-key",
+            "--echo-key-id-header",
+            "x-echo-access-key-id",
+        ],
+        ..Extra::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let endpoint = format!("https://echo.s3.test:{}", s.s3_port);
+    let results = s
+        .boto3("echo", &endpoint, &["get:bkt/k.txt", "get:bkt/missing.txt"])
+        .await;
+    let log = s.s3_log();
+    assert_eq!(log.len(), 2, "{log:?}");
+    for record in &log {
+        // The origin got (and so echoed) the real id.
+        let auth = record["headers"]["authorization"].as_str().unwrap();
+        assert!(
+            auth.contains(&format!("Credential={ACCESS_KEY}/")),
+            "{auth}"
+        );
+        assert_eq!(record["error"], "SignatureDoesNotMatch", "{record}");
+    }
+    for result in &results {
+        assert_eq!(result["status"], 403, "{result}");
+        assert_eq!(result["code"], "SignatureDoesNotMatch", "{result}");
+        // What boto3 parsed of the error document and the response headers.
+        assert!(
+            result["error"]["AWSAccessKeyId"]
+                .as_str()
+                .is_some_and(|id| id.contains("[redacted by sandgate]")),
+            "{result}"
+        );
+        assert!(result["headers"].is_object(), "{result}");
+        assert!(
+            !result.to_string().contains(ACCESS_KEY),
+            "the access key id reached the sandbox: {result}"
+        );
+    }
+    s.assert_no_secret_leaked().await;
+}

@@ -414,6 +414,9 @@ impl std::fmt::Debug for Material {
     }
 }
 
+/// The shortest AWS access key id responses are scrubbed of (see [`Parsed::scrubbed`]).
+const MIN_SCRUBBED_KEY_ID: usize = 8;
+
 /// A secret read as its type needs it, before anything is minted.
 enum Parsed {
     Static,
@@ -462,19 +465,29 @@ fn parse_secret(apply: &Apply, secret: &Secret) -> Result<Parsed, String> {
 }
 
 impl Parsed {
-    /// The value that travels on the wire, which responses are scrubbed of.
-    fn wire_secret<'a>(&'a self, secret: &'a Secret) -> &'a Secret {
+    /// What responses are scrubbed of: the values that travel on the wire, and for AWS the
+    /// whole key. The access key id is no secret to AWS but it is to the sandbox: it names
+    /// the real identity, and S3 echoes it in error bodies (`<AWSAccessKeyId>` of
+    /// `InvalidAccessKeyId` and `SignatureDoesNotMatch`).
+    fn scrubbed<'a>(&'a self, secret: &'a Secret) -> Vec<&'a str> {
         match self {
-            Parsed::Aws(keys) => keys
-                .session_token
-                .as_ref()
-                .unwrap_or(&keys.secret_access_key),
-            Parsed::Oauth2(client, refresh_token) => client
+            Parsed::Aws(keys) => {
+                let mut values = vec![keys.secret_access_key.expose()];
+                values.extend(keys.session_token.as_ref().map(Secret::expose));
+                // An id of a few characters would match ordinary text in every answer (and
+                // headers are always scrubbed); AWS's are 20, S3-compatible ones rarely short.
+                if keys.access_key_id.len() >= MIN_SCRUBBED_KEY_ID {
+                    values.push(&keys.access_key_id);
+                }
+                values
+            }
+            Parsed::Oauth2(client, refresh_token) => vec![client
                 .client_secret
                 .as_ref()
                 .or(refresh_token.as_ref())
-                .unwrap_or(secret),
-            Parsed::Static | Parsed::GithubApp(_) => secret,
+                .unwrap_or(secret)
+                .expose()],
+            Parsed::Static | Parsed::GithubApp(_) => vec![secret.expose()],
         }
     }
 }
@@ -710,7 +723,7 @@ impl CredentialStore {
             Apply::Basic { username } => Some(username.as_str()),
             _ => None,
         };
-        let scrubber = Arc::new(scrub::Scrubber::new(parsed.wire_secret(&secret), username));
+        let scrubber = Arc::new(scrub::Scrubber::of(&parsed.scrubbed(&secret), username));
         let material = self.material(&meta, version, parsed);
         let credential = Arc::new(Credential {
             meta,

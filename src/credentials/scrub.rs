@@ -51,7 +51,18 @@ impl std::fmt::Debug for Scrubber {
 impl Scrubber {
     /// `basic_username` is set for a `basic` credential: its exact encoding is a form too.
     pub fn new(secret: &Secret, basic_username: Option<&str>) -> Scrubber {
-        let forms = forms(secret.expose(), basic_username);
+        Scrubber::of(&[secret.expose()], basic_username)
+    }
+
+    /// Every form of each of `secrets` (a credential made of several values, such as an AWS
+    /// key: its id, secret and session token).
+    pub fn of(secrets: &[&str], basic_username: Option<&str>) -> Scrubber {
+        let mut forms: Vec<String> = secrets
+            .iter()
+            .flat_map(|secret| self::forms(secret, basic_username))
+            .collect();
+        forms.sort();
+        forms.dedup();
         let longest = forms.iter().map(String::len).max().unwrap_or(1);
         let matcher = Finder::new(&forms);
         let lower_forms = forms.iter().map(|f| f.to_ascii_lowercase()).collect();
