@@ -593,7 +593,27 @@ async fn a_restart_between_rotations_keeps_the_newest_refresh_token() {
     }
     assert_eq!(s.endpoint.refresh_tokens_issued.lock().unwrap().len(), 3);
 
-    // Changing the declaration (here its secret) still replaces the credential at start.
+    // A change around the secret (here the scopes) writes a new version at start; the file's
+    // secret is the one written before, so the token rotated from it moves to the new version.
+    s.replica.0 = s
+        .replica
+        .0
+        .replace(r#"scopes = ["read", "write"]"#, r#"scopes = ["read"]"#);
+    let fresh = s.start_again(Some(db.clone())).await;
+    stop(std::mem::replace(&mut s.gw, fresh), &mut kept);
+    let view = s.credential_view().await;
+    assert_eq!(view["version"], 2, "the changed file replaced it: {view}");
+    assert_eq!(
+        view["apply"]["scopes"],
+        serde_json::json!(["read"]),
+        "{view}"
+    );
+    let (status, body) = s.get(&s.gw.client("sb-a", false)).await;
+    assert_eq!(status, 200, "after a change of scopes: {body}");
+    assert_eq!(s.endpoint.calls(), 4);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // A new secret in the file replaces the credential, which starts from that token.
     let replaced = serde_json::json!({
         "client_secret": CLIENT_SECRET, "refresh_token": s.endpoint.refresh_token.lock().unwrap().clone(),
     })
@@ -602,9 +622,9 @@ async fn a_restart_between_rotations_keeps_the_newest_refresh_token() {
     let fresh = s.start_again(Some(db.clone())).await;
     stop(std::mem::replace(&mut s.gw, fresh), &mut kept);
     let view = s.credential_view().await;
-    assert_eq!(view["version"], 2, "the changed file replaced it: {view}");
+    assert_eq!(view["version"], 3, "the changed file replaced it: {view}");
     let (status, body) = s.get(&s.gw.client("sb-a", false)).await;
-    assert_eq!(status, 200, "{body}");
+    assert_eq!(status, 200, "after a new secret: {body}");
     s.assert_no_secret_leaked(&[]).await;
 }
 

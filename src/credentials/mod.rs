@@ -563,25 +563,39 @@ impl CredentialStore {
     /// declaration wrote. Rewriting it on every start would bump its version, and state kept
     /// under the version (an OAuth2 refresh token the endpoint rotated) would be dropped for the
     /// spent token in the file: a restart or a rolling deploy would end the credential. What
-    /// was written is remembered as a digest of the declaration (metadata and secret), sealed
-    /// in `store_secrets` so it says nothing about a weak secret to whoever reads the database.
-    /// A credential replaced through the API keeps the API's version until the file changes.
+    /// was written is remembered as digests of the declaration (metadata and secret) and of
+    /// the secret alone, sealed in `store_secrets` so they say nothing about a weak secret to
+    /// whoever reads the database. A credential replaced through the API keeps the API's version
+    /// until the file changes. When only what surrounds the secret changed (destinations,
+    /// scopes…), the file's secret is the one written before, so a refresh token rotated from
+    /// it since is newer than the file's: it moves to the new version.
     async fn declare(&self, meta: CredentialMeta, secret: Secret) -> Result<(), CredentialError> {
         let record = declaration_record_name(&meta.workspace, &meta.name);
-        let digest = declaration_digest(&meta, &secret);
-        if self.get(&meta.workspace, &meta.name).is_some()
-            && self.declared_digest(&record).await?.as_deref() == Some(digest.as_str())
-        {
+        let declared = Declared::of(&meta, &secret);
+        let current = self.get(&meta.workspace, &meta.name);
+        let recorded = self.recorded_declaration(&record).await?;
+        if current.is_some() && recorded.as_ref() == Some(&declared) {
             tracing::debug!(
                 workspace = %meta.workspace, credential = %meta.name,
                 "declared credential unchanged since it was written; the stored version is kept"
             );
             return Ok(());
         }
+        let carried_from = match (&current, &recorded) {
+            (Some(current), Some(recorded)) if recorded.secret == declared.secret => {
+                Some(current.version)
+            }
+            _ => None,
+        };
         let (workspace, name) = (meta.workspace.clone(), meta.name.clone());
         self.put(meta, Some(secret), true).await?;
+        if let (Some(from), Some(written)) = (carried_from, self.get(&workspace, &name)) {
+            self.minting
+                .carry_rotated(&workspace, &name, from, written.version)
+                .await;
+        }
         let context = keys::store_secret_context(&record);
-        let sealed = self.key.seal(&Secret::new(digest), &context)?;
+        let sealed = self.key.seal(&Secret::new(declared.text()), &context)?;
         self.store.put_store_secret(&record, &sealed).await?;
         tracing::info!(
             workspace = %workspace, credential = %name,
@@ -590,9 +604,12 @@ impl CredentialStore {
         Ok(())
     }
 
-    /// The digest the last write of a declared credential recorded; `None` when there is
-    /// none or it does not open (either way the declaration is written again).
-    async fn declared_digest(&self, record: &str) -> Result<Option<String>, CredentialError> {
+    /// What the last write of a declared credential recorded; `None` when there is nothing,
+    /// or nothing that opens and reads (either way the declaration is written again).
+    async fn recorded_declaration(
+        &self,
+        record: &str,
+    ) -> Result<Option<Declared>, CredentialError> {
         let Some(sealed) = self.store.store_secret(record).await? else {
             return Ok(None);
         };
@@ -601,7 +618,7 @@ impl CredentialStore {
             .key
             .open(&sealed, &context)
             .ok()
-            .map(|digest| digest.expose().to_string()))
+            .and_then(|text| Declared::parse(text.expose())))
     }
 
     pub fn key(&self) -> &MasterKey {
@@ -885,13 +902,41 @@ fn declaration_record_name(workspace: &str, name: &str) -> String {
     format!("config-declaration/{workspace}/{name}")
 }
 
-/// SHA-256 (hex) of a declaration: its metadata as stored and its secret.
-fn declaration_digest(meta: &CredentialMeta, secret: &Secret) -> String {
-    let meta_json = serde_json::to_string(meta).expect("credential metadata serializes");
-    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
-    context.update(meta_json.as_bytes());
-    // The metadata is JSON, so it holds no NUL: the boundary is unambiguous.
-    context.update(b"\0");
-    context.update(secret.expose().as_bytes());
-    hex::encode(context.finish())
+/// What the last write of a declared credential recorded (kept as `whole\nsecret`).
+#[derive(Debug, PartialEq, Eq)]
+struct Declared {
+    /// SHA-256 (hex) of the declaration: its metadata as stored and its secret.
+    whole: String,
+    /// SHA-256 (hex) of the secret alone.
+    secret: String,
+}
+
+impl Declared {
+    fn of(meta: &CredentialMeta, secret: &Secret) -> Declared {
+        let meta_json = serde_json::to_string(meta).expect("credential metadata serializes");
+        let mut whole = ring::digest::Context::new(&ring::digest::SHA256);
+        whole.update(meta_json.as_bytes());
+        // The metadata is JSON, so it holds no NUL: the boundary is unambiguous.
+        whole.update(b"\0");
+        whole.update(secret.expose().as_bytes());
+        Declared {
+            whole: hex::encode(whole.finish()),
+            secret: hex::encode(ring::digest::digest(
+                &ring::digest::SHA256,
+                secret.expose().as_bytes(),
+            )),
+        }
+    }
+
+    fn text(&self) -> String {
+        format!("{}\n{}", self.whole, self.secret)
+    }
+
+    fn parse(text: &str) -> Option<Declared> {
+        let (whole, secret) = text.split_once('\n')?;
+        Some(Declared {
+            whole: whole.to_string(),
+            secret: secret.to_string(),
+        })
+    }
 }

@@ -21,8 +21,9 @@
 //!   not serialise their refreshes with each other: two refreshing the same rotating
 //!   credential at the same instant can still lose one rotation to the endpoint.
 //! - The version, and so the rotated token, survives restarts: a credential declared in the
-//!   config is written again (a new version, starting from the file's token) only when its
-//!   declaration changed (`CredentialStore::declare`).
+//!   config is written again only when its declaration changed (`CredentialStore::declare`);
+//!   the new version starts from the file's token when the secret changed, and keeps the
+//!   rotated one ([`Minting::carry_rotated`]) when only what surrounds it did.
 //! - What [`TokenSource::status`] reports (expiry, last outcome, the endpoint's error code)
 //!   never includes a token.
 
@@ -161,6 +162,49 @@ impl Minting {
     /// The client token endpoints are reached with; only the first call has an effect.
     pub fn set_http(&self, http: reqwest::Client) {
         let _ = self.http.set(http);
+    }
+
+    /// Moves the rotated refresh token kept for version `from` of a credential (if that is
+    /// the version it was kept for) to version `to`: the credential was written again from
+    /// the same refresh token, which the kept one has superseded. A failure is logged, and the
+    /// new version starts from the written token.
+    pub(super) async fn carry_rotated(&self, workspace: &str, name: &str, from: i64, to: i64) {
+        let store_name = rotated_refresh_token_name(workspace, name);
+        let context = super::keys::store_secret_context(&store_name);
+        let Ok(Some(sealed)) = self.store.store_secret(&store_name).await else {
+            return;
+        };
+        let Ok(opened) = self.key.open(&sealed, &context) else {
+            return;
+        };
+        let Some((version, token)) = opened.expose().split_once('\n') else {
+            return;
+        };
+        if version != from.to_string() || token.is_empty() {
+            return;
+        }
+        let value = Secret::new(format!("{to}\n{token}"));
+        let written = match self.key.seal(&value, &context) {
+            Ok(sealed) => self
+                .store
+                .put_store_secret(&store_name, &sealed)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match written {
+            Ok(()) => tracing::info!(
+                workspace,
+                credential = name,
+                from,
+                to,
+                "the rotated refresh token moves to the credential's new version"
+            ),
+            Err(error) => tracing::warn!(
+                workspace, credential = name, %error,
+                "cannot move the rotated refresh token to the new version; it starts from the declared one"
+            ),
+        }
     }
 }
 
