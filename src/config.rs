@@ -169,14 +169,31 @@ pub struct CreateConfig {
     /// Time within which retryable failures (rate limit, provider error) are retried on the
     /// same pool before the route advances, in milliseconds.
     pub provisioning_window_ms: u64,
-    /// Pause between retries on one pool, in milliseconds.
+    /// The first pause between retries on one pool, in milliseconds; each further pause
+    /// doubles (with jitter) up to `retry_backoff_max_ms`. A longer `Retry-After` is waited
+    /// instead, unless it ends past the provisioning window: then the route advances at once.
     pub retry_backoff_ms: u64,
+    /// The longest pause between two retries on one pool, in milliseconds.
+    pub retry_backoff_max_ms: u64,
+    /// Retries of one attempt on one pool at most (so `retry_max + 1` create calls).
+    pub retry_max: u32,
+    /// Consecutive failed create calls on a pool (outage, provider error, rate limit, unknown)
+    /// that open its circuit: creates then skip the pool (see `create::circuit`). 0 turns
+    /// the breaker off.
+    pub circuit_failure_threshold: u32,
+    /// How long an open circuit stays open before one create is let through as a probe, in
+    /// milliseconds.
+    pub circuit_open_ms: u64,
     /// After an unknown outcome, how long the provider is asked for the tagged instance
     /// before the attempt is abandoned and the route advances, in milliseconds.
     pub reconcile_window_ms: u64,
     /// How long the janitor keeps looking for a late instance of an abandoned attempt, in
     /// seconds.
     pub abandoned_watch_secs: u64,
+    /// The longest pause between two lookups of one abandoned attempt by the janitor, in
+    /// seconds: the first comes at the next pass, then each pause doubles from
+    /// `janitor_interval_ms` up to this.
+    pub abandoned_check_max_secs: u64,
     /// Lease on an in-flight create; another coordinator (or this one after a restart)
     /// resumes it once the lease expires, in milliseconds.
     pub lease_ttl_ms: u64,
@@ -213,8 +230,13 @@ impl Default for CreateConfig {
             stats_window_secs: 3600,
             provisioning_window_ms: 30_000,
             retry_backoff_ms: 200,
+            retry_backoff_max_ms: 5000,
+            retry_max: 3,
+            circuit_failure_threshold: 5,
+            circuit_open_ms: 30_000,
             reconcile_window_ms: 5000,
             abandoned_watch_secs: 24 * 3600,
+            abandoned_check_max_secs: 3600,
             lease_ttl_ms: 15_000,
             startup_latency_band_ms: 250.0,
             creation_success_band: 0.05,
@@ -1243,6 +1265,18 @@ impl Config {
         if c.janitor_interval_ms == 0 {
             return Err(ConfigError::invalid(
                 "create.janitor_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if c.retry_backoff_max_ms < c.retry_backoff_ms {
+            return Err(ConfigError::invalid(
+                "create.retry_backoff_max_ms",
+                "must be at least create.retry_backoff_ms",
+            ));
+        }
+        if c.abandoned_check_max_secs == 0 {
+            return Err(ConfigError::invalid(
+                "create.abandoned_check_max_secs",
                 "must be at least 1",
             ));
         }

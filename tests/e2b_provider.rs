@@ -833,3 +833,132 @@ async fn a_failed_exec_on_an_ended_instance_marks_the_sandbox_at_once() {
     assert_eq!(view["error"]["error"]["code"], "instance_lost");
     assert_eq!(proxy_status(&env, &id, &token).await, 407);
 }
+
+/// Issue 25 item 6: a `Retry-After` that ends past the provisioning window is not waited for
+/// (nor ignored): the route advances to the next pool at once, in either of its forms (an
+/// HTTP-date was not understood, and the pool was called every `retry_backoff_ms` instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retry_after_past_the_provisioning_window_advances_at_once() {
+    let env = start(
+        vec![
+            FakeE2bConfig {
+                retry_after_secs: 60,
+                retry_after_as_date: true,
+                ..FakeE2bConfig::default()
+            },
+            FakeE2bConfig {
+                retry_after_secs: 60,
+                ..FakeE2bConfig::default()
+            },
+            FakeE2bConfig::default(),
+        ],
+        "provisioning_window_ms = 5000\nretry_backoff_ms = 20\n",
+    )
+    .await;
+    env.fakes[0].script(["rate_limit"]);
+    env.fakes[1].script(["rate_limit"]);
+    let started = Instant::now();
+    let (status, body) = env.create(json!({})).await;
+    let id = created_id(status, &body);
+    let view = env.wait_running(&id).await;
+    let took = started.elapsed();
+    let calls: Vec<usize> = env.fakes.iter().map(|f| f.create_attempts()).collect();
+    println!("create calls per pool {calls:?} in {took:?}");
+    assert_eq!(view["placement"]["pool"], "e2b-2", "{calls:?}: {view:#}");
+    assert_eq!(calls, [1, 1, 1], "{view:#}");
+    assert!(took < Duration::from_secs(3), "held for {took:?}");
+    for a in &view["attempts"].as_array().unwrap()[..2] {
+        assert_eq!(a["error_class"], "rate_limit", "{view:#}");
+        let message = a["message"].as_str().unwrap();
+        assert!(
+            message.contains("Retry-After") && message.contains("provisioning window"),
+            "{message}"
+        );
+    }
+}
+
+/// Issue 25 item 6: a retry that succeeded left no trace of the failure before it. E2B applies
+/// a create and answers 500; the retry (same `Idempotency-Key`) is answered with the same
+/// sandbox. The attempt record shows the retry and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_500_then_a_success_on_retry_is_in_the_attempt_record() {
+    let env = start(
+        vec![FakeE2bConfig::default()],
+        "provisioning_window_ms = 5000\nretry_backoff_ms = 20\n",
+    )
+    .await;
+    env.fakes[0].script(["applied_then_500"]);
+    let (status, body) = env.create(json!({})).await;
+    let id = created_id(status, &body);
+    let view = env.wait_running(&id).await;
+    assert_eq!(view["state"], "running", "{view:#}");
+    let attempts = view["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{view:#}");
+    let retries = attempts[0]["retries"].as_array().expect("retries recorded");
+    assert_eq!(retries.len(), 1, "{view:#}");
+    assert_eq!(retries[0]["error_class"], "provider_error");
+    assert!(retries[0]["message"].as_str().unwrap().contains("500"));
+    assert!(retries[0]["wait_ms"].as_u64().unwrap() >= 20);
+    assert!(retries[0]["at_ms"].as_i64().unwrap() >= attempts[0]["started_ms"].as_i64().unwrap());
+    let log: Vec<_> = env.fakes[0]
+        .create_log()
+        .iter()
+        .map(|c| c.outcome)
+        .collect();
+    use common::fakes::e2b::CreateOutcome;
+    assert_eq!(
+        log,
+        [CreateOutcome::AppliedThen500, CreateOutcome::Replayed],
+        "the retry replayed the applied create"
+    );
+    assert_eq!(env.fakes[0].live_count(), 1, "no duplicate");
+    assert_eq!(
+        view["placement"]["instance_id"],
+        env.fakes[0].live()[0].sandbox_id.as_str()
+    );
+
+    // A 500 that made nothing, then a success: the same trace.
+    env.fakes[0].script(["server_error"]);
+    let (status, body) = env.create(json!({})).await;
+    let id = created_id(status, &body);
+    let view = env.wait_running(&id).await;
+    assert_eq!(view["state"], "running", "{view:#}");
+    let retries = view["attempts"][0]["retries"].as_array().unwrap();
+    assert_eq!(retries.len(), 1, "{view:#}");
+    assert_eq!(retries[0]["error_class"], "provider_error");
+    assert_eq!(env.fakes[0].live_count(), 2);
+}
+
+/// Issue 25 item 9: the janitor listed an abandoned attempt at every pass (every
+/// `janitor_interval_ms`) for `abandoned_watch_secs`. Now the pauses double from the interval
+/// up to `abandoned_check_max_secs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_janitor_backs_off_on_an_abandoned_attempt() {
+    let env = start(
+        vec![
+            FakeE2bConfig {
+                hang: Duration::from_millis(200),
+                // Never listed while the test runs: the janitor keeps looking.
+                appear_after: Duration::from_secs(600),
+                ..FakeE2bConfig::default()
+            },
+            FakeE2bConfig::default(),
+        ],
+        "reconcile_window_ms = 300\nprovisioning_window_ms = 200\n",
+    )
+    .await;
+    env.fakes[0].script(["timeout_after_send"]);
+    let (status, body) = env.create(json!({})).await;
+    let id = created_id(status, &body);
+    let view = env.wait_running(&id).await;
+    assert_eq!(view["placement"]["pool"], "e2b-1", "{view:#}");
+    assert_eq!(view["attempts"][0]["state"], "abandoned", "{view:#}");
+    // janitor_interval_ms = 100: one listing per pass would be ~30 in 3 s; backing off from
+    // 100 ms (0, 0.1, 0.3, 0.7, 1.5, 3.1 s) it is about 5.
+    let before = env.fakes[0].list_calls();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let listings = env.fakes[0].list_calls() - before;
+    println!("janitor listings of one abandoned attempt in 3 s: {listings}");
+    assert!(listings >= 2, "the janitor still looks: {listings}");
+    assert!(listings <= 7, "{listings} listings in 3 s");
+}

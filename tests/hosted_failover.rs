@@ -30,6 +30,12 @@ struct Env {
 /// Pools `a-e2b`, `b-daytona`, `c-vercel` and `d-runloop` (tried in that order),
 /// `[proxy] public_url` on 127.0.0.1.
 async fn start(create: &str) -> Env {
+    start_with(create, Duration::ZERO).await
+}
+
+/// [`start`], with Vercel and Runloop listing a sandbox their create answered with a
+/// failure (or not at all) only `listed_after` later.
+async fn start_with(create: &str, listed_after: Duration) -> Env {
     init();
     let e2b = FakeE2b::start(FakeE2bConfig::default()).await;
     let daytona = FakeDaytona::start(FakeDaytonaConfig {
@@ -39,11 +45,13 @@ async fn start(create: &str) -> Env {
     .await;
     let vercel = FakeVercel::start(FakeVercelConfig {
         start_delay: Duration::from_millis(50),
+        appear_after: listed_after,
         ..FakeVercelConfig::default()
     })
     .await;
     let runloop = FakeRunloop::start(FakeRunloopConfig {
         boot_delay: Duration::from_millis(50),
+        appear_after: listed_after,
         ..FakeRunloopConfig::default()
     })
     .await;
@@ -167,6 +175,57 @@ impl Env {
             status,
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.http
+            .get(self.gw.api(path))
+            .bearer_auth(API_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Creates and waits (up to 20 s) for the create to leave pending/provisioning/
+    /// reconciling; the view, whatever its state.
+    async fn settled(&self, body: Value) -> Value {
+        let (status, created) = self.post("/v1/sandboxes", body).await;
+        assert!(
+            status == 201 || status == 202 || status == 503,
+            "{status}: {created:#}"
+        );
+        let id = match created["id"].as_str() {
+            Some(id) => id.to_string(),
+            None => created["error"]["details"]["sandbox_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let view = self.get(&format!("/v1/sandboxes/{id}")).await;
+            let placing = ["pending", "provisioning", "reconciling"]
+                .contains(&view["state"].as_str().unwrap_or_default());
+            if !placing || Instant::now() > deadline {
+                return view;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The pool's entry in `GET /v1/pools`.
+    async fn pool(&self, name: &str) -> Value {
+        let pools = self.get("/v1/pools").await;
+        pools["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pool"] == name)
+            .cloned()
+            .unwrap()
     }
 
     async fn running(&self, body: Value) -> Value {
@@ -431,4 +490,194 @@ async fn a_restricted_create_on_runloop_is_locked_to_the_gateway() {
         .file(instance, &env_vars["SSL_CERT_FILE"])
         .expect("the CA was written");
     assert_eq!(ca, env.gw.sandgate_ca_pem);
+}
+
+/// Issue 25 item 6: an E2B pool answering every create with a 500 (no `error_code`) was called
+/// every `retry_backoff_ms` for the whole provisioning window. Now: `retry_max` retries with
+/// exponential backoff, then the next pool; the pool's circuit (shared by concurrent creates)
+/// opens after `circuit_failure_threshold` failed calls and creates skip it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_always_failing_pool_is_retried_a_few_times_with_backoff_then_its_circuit_opens() {
+    let env = start("provisioning_window_ms = 3000\nretry_backoff_ms = 100\n").await;
+    env.e2b.always("server_error");
+    let started = Instant::now();
+    let view = env.settled(json!({"labels": {"t": "hammer"}})).await;
+    let took = started.elapsed();
+    let calls = env.e2b.create_attempts();
+    println!("one create against an always-500 pool: {calls} create calls in {took:?}");
+    assert_eq!(view["state"], "running", "{calls} calls; {view:#}");
+    assert_eq!(view["placement"]["pool"], "b-daytona", "{view:#}");
+    // Defaults: retry_max = 3 (4 calls), pauses from 100 ms doubling (with jitter).
+    assert_eq!(calls, 4, "{view:#}");
+    assert!(took >= Duration::from_millis(700), "backed off: {took:?}");
+    let first = &view["attempts"][0];
+    assert_eq!(first["pool"], "a-e2b");
+    assert_eq!(first["error_class"], "provider_error", "{view:#}");
+    let retries = first["retries"]
+        .as_array()
+        .expect("the retries are recorded");
+    assert_eq!(retries.len(), 3, "{view:#}");
+    let waits: Vec<u64> = retries
+        .iter()
+        .map(|r| r["wait_ms"].as_u64().unwrap())
+        .collect();
+    for (i, wait) in waits.iter().enumerate() {
+        let base = 100u64 << i;
+        assert!(
+            (base..=2 * base).contains(wait),
+            "retry {i} waited {wait} ms: {waits:?}"
+        );
+        assert_eq!(retries[i]["error_class"], "provider_error");
+        assert!(
+            retries[i]["message"].as_str().unwrap().contains("500"),
+            "{view:#}"
+        );
+    }
+    assert!(
+        first["message"].as_str().unwrap().contains("retries"),
+        "why it stopped: {view:#}"
+    );
+    let pool = env.pool("a-e2b").await;
+    assert_eq!(pool["circuit"]["state"], "closed", "{pool:#}");
+    assert_eq!(pool["circuit"]["consecutive_failures"], 4, "{pool:#}");
+
+    // The next failures open the circuit: 8 creates at once call the pool only a few times.
+    let before = env.e2b.create_attempts();
+    let views = futures_util::future::join_all(
+        (0..8).map(|i| env.settled(json!({"labels": {"n": i.to_string()}}))),
+    )
+    .await;
+    let concurrent_calls = env.e2b.create_attempts() - before;
+    println!("8 concurrent creates against the same pool: {concurrent_calls} create calls");
+    for view in &views {
+        assert_eq!(view["placement"]["pool"], "b-daytona", "{view:#}");
+    }
+    assert!(
+        (1..=8).contains(&concurrent_calls),
+        "{concurrent_calls} calls for 8 creates"
+    );
+    let skipped = views
+        .iter()
+        .filter(|v| v["attempts"][0]["error_class"] == "circuit_open")
+        .count();
+    assert_eq!(
+        skipped,
+        8 - concurrent_calls,
+        "one call per create not skipped"
+    );
+    let pool = env.pool("a-e2b").await;
+    assert_eq!(pool["circuit"]["state"], "open", "{pool:#}");
+    assert!(pool["circuit"]["half_open_at_ms"].as_i64().unwrap() > 0);
+    assert!(pool["circuit"]["last_failure"]
+        .as_str()
+        .unwrap()
+        .starts_with("provider_error"));
+    // Once open, a create does not call the pool at all.
+    let before = env.e2b.create_attempts();
+    let view = env.settled(json!({})).await;
+    assert_eq!(
+        view["attempts"][0]["error_class"], "circuit_open",
+        "{view:#}"
+    );
+    assert_eq!(view["attempts"][0]["state"], "advanced");
+    assert_eq!(env.e2b.create_attempts(), before);
+    assert_eq!(env.e2b.live_count(), 0);
+}
+
+/// Issue 25 item 8: Vercel and Runloop creates that the provider applied and then answered
+/// 503 were recorded as `outage` and the route advanced, leaving the instance live. Now a
+/// failure that does not prove nothing was made is reconciled by tag first: the instance is
+/// found and adopted, and nothing is created elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_applied_then_answered_503_is_reconciled_by_tag_on_vercel_and_runloop() {
+    let env = start("").await;
+    env.vercel.script(["created_then_503"]);
+    let view = env
+        .settled(json!({"routing": {"order": ["vercel", "runloop"]}}))
+        .await;
+    let id = view["id"].as_str().unwrap();
+    assert_eq!(view["state"], "running", "{view:#}");
+    assert_eq!(view["placement"]["pool"], "c-vercel", "{view:#}");
+    assert_eq!(view["attempts"].as_array().unwrap().len(), 1, "{view:#}");
+    let live = env.vercel.live_with_tag("sandgate_sandbox", id);
+    assert_eq!(live.len(), 1, "{:?}", env.vercel.live());
+    assert_eq!(view["placement"]["instance_id"], live[0].name.as_str());
+    assert_eq!(env.vercel.create_log().len(), 1, "no second create");
+    assert_eq!(env.runloop.live_count(), 0, "nothing created elsewhere");
+
+    env.runloop.script(["created_then_503"]);
+    let view = env
+        .settled(json!({"routing": {"order": ["runloop", "vercel"]}}))
+        .await;
+    let id = view["id"].as_str().unwrap();
+    assert_eq!(view["state"], "running", "{view:#}");
+    assert_eq!(view["placement"]["pool"], "d-runloop", "{view:#}");
+    let live = env.runloop.live_with_metadata("sandgate_sandbox", id);
+    assert_eq!(live.len(), 1, "{:?}", env.runloop.live());
+    assert_eq!(view["placement"]["instance_id"], live[0].id.as_str());
+    assert_eq!(env.runloop.create_log().len(), 1, "no second create");
+    assert_eq!(env.vercel.live_count(), 1, "only the first sandbox's");
+}
+
+/// Issue 25 item 8: an instance a 503 create made that the provider lists only later (its
+/// list is eventually consistent) is not found when the route advances; the attempt is
+/// watched and the janitor deletes it against its own account once it shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_instance_a_503_create_made_that_is_listed_late_is_deleted_by_the_janitor() {
+    let env = start_with("janitor_interval_ms = 100\n", Duration::from_millis(1500)).await;
+    env.vercel.script(["created_then_503"]);
+    let first = env
+        .settled(json!({"routing": {"order": ["vercel", "runloop"]}}))
+        .await;
+    env.runloop.script(["created_then_503"]);
+    let second = env
+        .settled(json!({"routing": {"order": ["runloop", "vercel"]}}))
+        .await;
+    for (view, pool, abandoned) in [
+        (&first, "d-runloop", "c-vercel"),
+        (&second, "c-vercel", "d-runloop"),
+    ] {
+        assert_eq!(view["state"], "running", "{view:#}");
+        assert_eq!(view["placement"]["pool"], pool, "{view:#}");
+        let a0 = &view["attempts"][0];
+        assert_eq!(a0["pool"], abandoned, "{view:#}");
+        assert_eq!(a0["state"], "abandoned", "watched by the janitor: {view:#}");
+        assert_eq!(a0["error_class"], "outage", "{view:#}");
+    }
+    let (first_id, second_id) = (
+        first["id"].as_str().unwrap(),
+        second["id"].as_str().unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let orphans = env.vercel.live_with_tag("sandgate_sandbox", first_id).len()
+            + env
+                .runloop
+                .live_with_metadata("sandgate_sandbox", second_id)
+                .len();
+        if orphans == 0 || Instant::now() > deadline {
+            assert_eq!(
+                orphans,
+                0,
+                "{:?} {:?}",
+                env.vercel.live(),
+                env.runloop.live()
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The placed instances are untouched.
+    assert_eq!(
+        env.runloop
+            .live_with_metadata("sandgate_sandbox", first_id)
+            .len(),
+        1
+    );
+    assert_eq!(
+        env.vercel
+            .live_with_tag("sandgate_sandbox", second_id)
+            .len(),
+        1
+    );
 }

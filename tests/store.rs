@@ -162,6 +162,7 @@ fn attempt(sandbox_id: &str, seq: i64, pool: &str) -> AttemptRow {
         instance_id: None,
         started_ms: 1_000 + seq,
         finished_ms: None,
+        retries_json: None,
     }
 }
 

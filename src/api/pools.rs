@@ -28,7 +28,7 @@ pub fn routes() -> Router<ApiState> {
     operation_id = "list_pools",
     tag = "routing",
     responses(
-        (status = 200, description = "pools[] in name order: {pool, provider, provider_kind, account, geography, region, zone, isolation[], egress, standby, capacity, free_capacity (capacity minus live), live, startup_latency_ms {median, samples}, creation_success {share, attempts, successes}, recent_failures {<error class>: n} within the window, account_check {status: passed | failed | not_checked | not_applicable, checked_ms, message, error_class}}, and window_secs (the stats window)", body = crate::create::pools::PoolsView),
+        (status = 200, description = "pools[] in name order: {pool, provider, provider_kind, account, geography, region, zone, isolation[], egress, standby, capacity, free_capacity (capacity minus live), live, startup_latency_ms {median, samples}, creation_success {share, attempts, successes}, recent_failures {<error class>: n} within the window, account_check {status: passed | failed | not_checked | not_applicable, checked_ms, message, error_class}, circuit {state: closed | open | half_open, consecutive_failures, opened_ms, half_open_at_ms, last_failure}}, and window_secs (the stats window)", body = crate::create::pools::PoolsView),
         (status = 401, description = "unauthenticated"),
         (status = 403, description = "delegation_scope: a delegated token cannot read pools"),
         (status = 500, description = "internal: the attempt statistics could not be read"),

@@ -325,6 +325,7 @@ mod tests {
             instance_id: None,
             started_ms: 1000 + seq * 100,
             finished_ms: end.map(|_| 1050 + seq * 100),
+            retries_json: None,
         }
     }
 

@@ -20,6 +20,7 @@
 //! and no duplicate instance is kept.
 
 pub mod body;
+pub mod circuit;
 pub mod context;
 mod dry_run;
 pub mod events;
@@ -136,6 +137,8 @@ pub struct Coordinator {
     account_checks: pools::AccountChecks,
     /// When each sandbox was last checked after a failed operation (see [`liveness`]).
     suspected: std::sync::Mutex<HashMap<String, Instant>>,
+    /// Each pool's circuit breaker, shared by every create this process drives.
+    circuits: circuit::Circuits,
 }
 
 /// A loaded in-flight create.
@@ -225,7 +228,12 @@ pub fn store_unavailable() -> ErrorReply {
 
 impl Coordinator {
     pub fn new(deps: CreateDeps) -> Arc<Coordinator> {
+        let circuits = circuit::Circuits::new(
+            deps.config.circuit_failure_threshold,
+            Duration::from_millis(deps.config.circuit_open_ms),
+        );
         Arc::new(Coordinator {
+            circuits,
             deps,
             owner: format!("coord-{}", random_hex(8)),
             active: Default::default(),
@@ -696,6 +704,9 @@ impl Coordinator {
                     "instance_id": a.instance_id, "started_ms": a.started_ms,
                     "finished_ms": a.finished_ms,
                     "duration_ms": a.finished_ms.map(|f| f - a.started_ms),
+                    "retries": a.retries_json.as_deref()
+                        .and_then(|r| serde_json::from_str::<Value>(r).ok())
+                        .unwrap_or_else(|| json!([])),
                 })
             })
             .collect();
@@ -1123,6 +1134,7 @@ impl Coordinator {
             instance_id: None,
             started_ms: now_ms(),
             finished_ms: None,
+            retries_json: None,
         };
         self.deps.store.insert_attempt(&row, &job.fence).await?;
         Ok(row)
@@ -1247,7 +1259,21 @@ impl Coordinator {
             }
         };
 
-        // (b) attempt, retrying retryable failures within the provisioning window.
+        // (b) attempt. A pool whose provider keeps failing is skipped at once (its circuit is
+        // open): nothing is sent to a provider that is down.
+        if let circuit::Permit::Open(why) = self.circuits.permit(&cand.pool) {
+            let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
+            self.end_attempt(
+                job,
+                &attempt,
+                "advanced",
+                ErrorClass::CircuitOpen,
+                &why,
+                None,
+            )
+            .await?;
+            return Ok(Step::Advance);
+        }
         let attempt = AttemptRow {
             id: format!("{}-a{seq}", job.row.id),
             sandbox_id: job.row.id.clone(),
@@ -1262,6 +1288,7 @@ impl Coordinator {
             instance_id: None,
             started_ms: now_ms(),
             finished_ms: None,
+            retries_json: None,
         };
         self.deps
             .store
@@ -1270,13 +1297,17 @@ impl Coordinator {
         // The attempt starts now, here: its window is timed on the monotonic clock.
         let deadline =
             Instant::now() + Duration::from_millis(self.deps.config.provisioning_window_ms);
-        let backoff = self.deps.config.retry_backoff_ms as i64;
         // A provider snapshot seeds the instance; a filesystem export is written after.
         let seed = self
             .snapshot_of(job)
             .await
             .filter(|s| s.kind == crate::store::snapshots::PROVIDER_SNAPSHOT)
             .map(|s| s.id);
+        let mut backoff = self.retry_backoff();
+        let mut retries: Vec<Value> = Vec::new();
+        // Whether a failed call may have made an instance anyway (kept across retries: a
+        // retry that succeeds must not leave that one behind).
+        let mut maybe_created = false;
         let result = loop {
             let egress = match self.remote_egress(job, cand) {
                 Ok(egress) => egress,
@@ -1294,23 +1325,175 @@ impl Coordinator {
                 snapshot: seed.clone(),
                 egress,
             };
-            match adapter.create(spec).await {
-                Err(e)
-                    if e.class.retryable()
-                        && Instant::now() + Duration::from_millis(wait_ms(&e, backoff) as u64)
-                            < deadline =>
-                {
-                    tracing::info!(sandbox = %job.row.id, pool = %cand.pool, class = e.class.as_str(), "retrying on the same pool");
-                    tokio::time::sleep(Duration::from_millis(wait_ms(&e, backoff) as u64)).await;
+            let answer = adapter.create(spec).await;
+            self.circuits.record(
+                &cand.pool,
+                match &answer {
+                    Err(e) if circuit::counts(e.class) => Some((e.class, e.message.as_str())),
+                    _ => None,
+                },
+            );
+            let mut e = match answer {
+                Ok(instance) => break Ok(instance),
+                Err(e) => e,
+            };
+            maybe_created |= e.maybe_created;
+            if !e.class.retryable() {
+                break Err(e);
+            }
+            match self.retry_wait(&cand.pool, &e, backoff.next(), deadline) {
+                Ok(wait) => {
+                    tracing::info!(sandbox = %job.row.id, pool = %cand.pool, class = e.class.as_str(), wait_ms = wait.as_millis() as u64, "retrying on the same pool");
+                    retries.push(json!({
+                        "at_ms": now_ms(),
+                        "error_class": e.class.as_str(),
+                        "message": e.message,
+                        "wait_ms": wait.as_millis() as u64,
+                    }));
+                    self.deps
+                        .store
+                        .set_attempt_retries(
+                            &attempt.id,
+                            &Value::from(retries.clone()).to_string(),
+                            &job.fence,
+                        )
+                        .await?;
+                    metrics::counter!("sandgate_create_retries_total", "class" => e.class.as_str())
+                        .increment(1);
+                    tokio::time::sleep(wait).await;
                 }
-                other => break other,
+                Err(why) => {
+                    e.message = format!("{}; {why}", e.message);
+                    break Err(e);
+                }
             }
         };
         // (c) classify.
         match result {
-            Ok(instance) => self.after_running(job, cand, &attempt, &instance.id).await,
-            Err(e) => self.classify(job, cand, &attempt, e).await,
+            Ok(instance) => {
+                if maybe_created {
+                    self.drop_duplicates(job, cand, &attempt, &instance.id)
+                        .await;
+                }
+                self.after_running(job, cand, &attempt, &instance.id).await
+            }
+            Err(mut e) => {
+                e.maybe_created |= maybe_created;
+                self.classify(job, cand, &attempt, e).await
+            }
         }
+    }
+
+    /// The pauses between retries of one attempt: exponential from `retry_backoff_ms` up to
+    /// `retry_backoff_max_ms`, with jitter (so concurrent creates do not retry in step), at
+    /// most `retry_max` of them.
+    fn retry_backoff(&self) -> impl Iterator<Item = Duration> {
+        use backon::BackoffBuilder as _;
+        let c = &self.deps.config;
+        let max = Duration::from_millis(c.retry_backoff_max_ms);
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(c.retry_backoff_ms))
+            .with_max_delay(Duration::from_millis(c.retry_backoff_max_ms))
+            .with_max_times(c.retry_max as usize)
+            .with_jitter()
+            .build()
+            // The jitter adds up to the pause again: the maximum stays a maximum.
+            .map(move |pause| pause.min(max))
+    }
+
+    /// How long to wait before retrying `error` on `pool` (the backoff's next pause, or the
+    /// provider's `Retry-After` when longer), or why not to retry: no retry left, the pool's
+    /// circuit opened, or the wait would end past the provisioning window.
+    fn retry_wait(
+        &self,
+        pool: &str,
+        error: &ProviderError,
+        next: Option<Duration>,
+        deadline: Instant,
+    ) -> Result<Duration, String> {
+        let Some(pause) = next else {
+            return Err(format!(
+                "not retried: all {} retries were used",
+                self.deps.config.retry_max
+            ));
+        };
+        if !self.circuits.closed(pool) {
+            return Err("not retried: the pool's circuit opened".into());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Some(asked) = error.retry_after.filter(|a| *a >= left) {
+            // Waiting would hold the create past the window: the next pool may serve now.
+            return Err(format!(
+                "not retried: Retry-After {} s ends past the provisioning window ({} ms left)",
+                asked.as_secs(),
+                left.as_millis()
+            ));
+        }
+        let wait = pause.max(error.retry_after.unwrap_or_default());
+        if wait >= left {
+            return Err(format!(
+                "not retried: the next retry (in {} ms) would end past the provisioning window",
+                wait.as_millis()
+            ));
+        }
+        Ok(wait)
+    }
+
+    /// After a retry succeeded where an earlier call may have made an instance too: deletes
+    /// any other instance tagged with the attempt (providers that honour the attempt's
+    /// idempotency key answer the same instance, and nothing is deleted). When the provider
+    /// cannot be asked now, the janitor watches the attempt (never touching the placed one).
+    async fn drop_duplicates(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        kept: &str,
+    ) {
+        let Some(adapter) = self.deps.providers.for_pool(&cand.pool) else {
+            return;
+        };
+        match adapter.list_by_tag(&job.row.id, Some(&attempt.id)).await {
+            Ok(found) => {
+                for extra in found.iter().filter(|i| i.id != kept) {
+                    tracing::warn!(sandbox = %job.row.id, pool = %cand.pool, instance = %extra.id, "deleting a duplicate an earlier failed create call made");
+                    if adapter.delete(&extra.id).await.is_err() {
+                        self.watch_attempt(job, cand, attempt, "duplicate_of_retry")
+                            .await;
+                    }
+                }
+            }
+            Err(_) => {
+                self.watch_attempt(job, cand, attempt, "duplicate_of_retry")
+                    .await
+            }
+        }
+    }
+
+    /// Has the janitor watch the attempt for instances (against its own account).
+    async fn watch_attempt(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        reason: &str,
+    ) {
+        let now = now_ms();
+        let _ = self
+            .deps
+            .store
+            .record_abandoned(
+                &AbandonedRow {
+                    attempt_id: attempt.id.clone(),
+                    sandbox_id: job.row.id.clone(),
+                    pool: cand.pool.clone(),
+                    account: cand.account.clone(),
+                },
+                reason,
+                now,
+                now + self.deps.config.abandoned_watch_secs as i64 * 1000,
+            )
+            .await;
     }
 
     async fn classify(
@@ -1321,6 +1504,13 @@ impl Coordinator {
         e: ProviderError,
     ) -> Result<Step, StoreError> {
         match e.class.outcome() {
+            // The provider answered a failure that does not prove nothing was made (a 5xx
+            // after the request reached it): look for the attempt's instance before the route
+            // advances, so no duplicate live capacity is created.
+            Outcome::Advance if e.maybe_created && e.instance_id.is_none() => {
+                self.enter_reconciling(job, attempt).await?;
+                self.reconcile_after(job, cand, attempt, Some(&e)).await
+            }
             Outcome::Advance => {
                 self.end_attempt(
                     job,
@@ -1366,25 +1556,30 @@ impl Coordinator {
                 ))
             }
             Outcome::Unknown => {
-                self.deps
-                    .store
-                    .set_attempt_state(&attempt.id, "reconciling", &job.fence)
-                    .await?;
-                self.deps
-                    .store
-                    .transition_fenced(
-                        &job.row.id,
-                        &["pending", "provisioning"],
-                        "reconciling",
-                        None,
-                        None,
-                        now_ms(),
-                        &job.fence,
-                    )
-                    .await?;
+                self.enter_reconciling(job, attempt).await?;
                 self.reconcile(job, cand, attempt).await
             }
         }
+    }
+
+    async fn enter_reconciling(&self, job: &Job, attempt: &AttemptRow) -> Result<(), StoreError> {
+        self.deps
+            .store
+            .set_attempt_state(&attempt.id, "reconciling", &job.fence)
+            .await?;
+        self.deps
+            .store
+            .transition_fenced(
+                &job.row.id,
+                &["pending", "provisioning"],
+                "reconciling",
+                None,
+                None,
+                now_ms(),
+                &job.fence,
+            )
+            .await?;
+        Ok(())
     }
 
     /// An unknown outcome: ask the provider for instances tagged with this attempt before
@@ -1397,18 +1592,51 @@ impl Coordinator {
         cand: &StoredCandidate,
         attempt: &AttemptRow,
     ) -> Result<Step, StoreError> {
+        self.reconcile_after(job, cand, attempt, None).await
+    }
+
+    /// [`Coordinator::reconcile`]. `answered`: the provider answered the create with this
+    /// failure (which may have made the instance): it is not still being made, so one
+    /// listing decides (an instance starting is waited for); one listed later is the
+    /// janitor's. Without it (no answer) the provider is asked for the reconcile window.
+    async fn reconcile_after(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        answered: Option<&ProviderError>,
+    ) -> Result<Step, StoreError> {
+        let (class, why) = match answered {
+            Some(e) => (
+                e.class,
+                format!(
+                    "{}; no instance tagged with the attempt was listed after it; the janitor watches for a late one",
+                    e.message
+                ),
+            ),
+            None => (
+                ErrorClass::Unknown,
+                "no instance found within the reconcile window".to_string(),
+            ),
+        };
         self.deps
             .store
             .set_attempt_state(&attempt.id, "reconciling", &job.fence)
             .await?;
         let Some(adapter) = self.deps.providers.for_pool(&cand.pool) else {
-            self.abandon(job, cand, attempt, "no adapter to reconcile with")
+            self.abandon(job, cand, attempt, class, "no adapter to reconcile with")
                 .await?;
             return Ok(Step::Advance);
         };
-        let window = self.deps.config.reconcile_window_ms as i64;
+        let window = match answered {
+            Some(_) => 0,
+            None => self.deps.config.reconcile_window_ms as i64,
+        };
         let mut deadline = Instant::now() + Duration::from_millis(window as u64);
-        let interval = Duration::from_millis((window / 20).clamp(10, 250) as u64);
+        // Paced by the configured window even when one listing decides (`answered`): an
+        // instance still starting is polled no faster than an unknown outcome is.
+        let paced = self.deps.config.reconcile_window_ms as i64;
+        let interval = Duration::from_millis((paced / 20).clamp(10, 250) as u64);
         loop {
             match adapter.list_by_tag(&job.row.id, Some(&attempt.id)).await {
                 Ok(found) => {
@@ -1450,13 +1678,7 @@ impl Coordinator {
                 }
             }
             if Instant::now() >= deadline {
-                self.abandon(
-                    job,
-                    cand,
-                    attempt,
-                    "no instance found within the reconcile window",
-                )
-                .await?;
+                self.abandon(job, cand, attempt, class, &why).await?;
                 return Ok(Step::Advance);
             }
             tokio::time::sleep(interval).await;
@@ -1468,12 +1690,13 @@ impl Coordinator {
         job: &Job,
         cand: &StoredCandidate,
         attempt: &AttemptRow,
+        class: ErrorClass,
         why: &str,
     ) -> Result<(), StoreError> {
         let now = now_ms();
         // The attempt ends first, under the lease: a coordinator that lost the create must
         // not set a watch that would delete an instance its successor adopted.
-        self.end_attempt(job, attempt, "abandoned", ErrorClass::Unknown, why, None)
+        self.end_attempt(job, attempt, "abandoned", class, why, None)
             .await?;
         self.deps
             .store
@@ -1484,7 +1707,11 @@ impl Coordinator {
                     pool: cand.pool.clone(),
                     account: cand.account.clone(),
                 },
-                "unknown_outcome",
+                if class == ErrorClass::Unknown {
+                    "unknown_outcome"
+                } else {
+                    "maybe_created"
+                },
                 now,
                 now + self.deps.config.abandoned_watch_secs as i64 * 1000,
             )
@@ -2054,7 +2281,20 @@ impl Coordinator {
                     };
                     let attempt =
                         (!row.attempt_id.ends_with("-placed")).then_some(row.attempt_id.as_str());
-                    let Ok(found) = adapter.list_by_tag(&row.sandbox_id, attempt).await else {
+                    let listed = adapter.list_by_tag(&row.sandbox_id, attempt).await;
+                    // Backs off per attempt, whatever the answer: an instance that has not
+                    // appeared is ever less likely to, and a failing provider is not hammered.
+                    let _ = self
+                        .deps
+                        .store
+                        .abandoned_checked(
+                            &row.attempt_id,
+                            now,
+                            self.deps.config.janitor_interval_ms as i64,
+                            self.deps.config.abandoned_check_max_secs as i64 * 1000,
+                        )
+                        .await;
+                    let Ok(found) = listed else {
                         continue;
                     };
                     // Never touch the instance a sandbox is placed on.
@@ -2142,11 +2382,4 @@ pub fn no_eligible_reply(no: NoEligible) -> ErrorReply {
         no.message.clone(),
     )
     .with_details(serde_json::to_value(&no.details).unwrap_or_else(|_| json!({})))
-}
-
-/// How long to wait before retrying on the same pool: the configured backoff, or longer
-/// when the provider asked for it (`Retry-After`).
-fn wait_ms(error: &ProviderError, backoff_ms: i64) -> i64 {
-    let asked = error.retry_after.map_or(0, |d| d.as_millis() as i64);
-    backoff_ms.max(asked)
 }

@@ -70,6 +70,9 @@ pub struct PoolView {
     pub recent_failures: BTreeMap<String, u64>,
     /// The last check of the pool's account (shared by every pool on the account).
     pub account_check: AccountCheck,
+    /// The pool's circuit breaker in this process (`closed`, `open`: creates skip the pool,
+    /// `half_open`: the next create probes it); see `[create] circuit_failure_threshold`.
+    pub circuit: super::circuit::CircuitView,
 }
 
 /// Startup latency as routing ranks it.
@@ -184,6 +187,7 @@ impl Coordinator {
                     account_check: checks.get(&account).cloned().unwrap_or_else(|| {
                         AccountCheck::fixed(CheckStatus::NotChecked, "not checked")
                     }),
+                    circuit: self.circuits.view(name),
                     account,
                     live,
                 }
@@ -331,6 +335,7 @@ struct Parts {
     stats: PoolStats,
     recent_failures: BTreeMap<String, u64>,
     account_check: AccountCheck,
+    circuit: super::circuit::CircuitView,
     account: String,
     live: u64,
 }
@@ -364,6 +369,7 @@ impl Parts {
             },
             recent_failures: self.recent_failures,
             account_check: self.account_check,
+            circuit: self.circuit,
         }
     }
 }

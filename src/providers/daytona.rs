@@ -352,7 +352,7 @@ impl Daytona {
         let deadline = Instant::now() + self.create_timeout;
         let body = self.create_body(&spec)?;
         let request = self.api(Method::POST, "/sandbox").json(&body);
-        let response = self.http.send(request).await.map_err(provider_error)?;
+        let response = self.http.send(request).await.map_err(create_error)?;
         let created: SandboxDto = self.http.json(response).await.map_err(|f| {
             // Daytona said yes but we cannot read which sandbox: reconcile by tag.
             let mut e = provider_error(f);
@@ -370,6 +370,7 @@ impl Daytona {
             message,
             instance_id: Some(id.clone()),
             retry_after: None,
+            maybe_created: false,
         };
         let started = match self.wait_for(&id, created, &["started"], deadline).await {
             Ok(dto) => dto,
@@ -1033,6 +1034,15 @@ pub fn classify(failure: &HttpFailure) -> ErrorClass {
 fn provider_error(failure: HttpFailure) -> ProviderError {
     let mut error = ProviderError::new(classify(&failure), failure.message.clone());
     error.retry_after = failure.retry_after;
+    error
+}
+
+/// A failed create call: [`provider_error`], marked `maybe_created` when the request reached
+/// the provider and was not refused (a 5xx, or no answer): the instance may exist.
+fn create_error(failure: HttpFailure) -> ProviderError {
+    let maybe_created = failure.may_have_created();
+    let mut error = provider_error(failure);
+    error.maybe_created = maybe_created;
     error
 }
 

@@ -326,6 +326,19 @@ fn provider_error(failure: HttpFailure) -> ProviderError {
     error
 }
 
+/// A failed create call: [`provider_error`], marked `maybe_created` unless the answer proves
+/// nothing was made (a refusal, or E2B's placement codes saying no node took it).
+fn create_error(failure: HttpFailure) -> ProviderError {
+    let refused_placement = matches!(
+        failure.field("error_code"),
+        Some("sandbox_capacity_unavailable" | "sandbox_no_compatible_node")
+    );
+    let maybe_created = failure.may_have_created() && !refused_placement;
+    let mut error = provider_error(failure);
+    error.maybe_created = maybe_created;
+    error
+}
+
 fn op_error(failure: HttpFailure) -> OpError {
     let kind = match failure.status.map(|s| s.as_u16()) {
         Some(404) => OpErrorKind::NotFound,
@@ -352,7 +365,7 @@ impl Provider for E2b {
                 .request(Method::POST, "/v2/sandboxes")
                 .header("Idempotency-Key", &spec.tags.attempt_id)
                 .json(&body);
-            let response = self.http.send(request).await.map_err(provider_error)?;
+            let response = self.http.send(request).await.map_err(create_error)?;
             let created: CreatedSandbox = self.http.json(response).await.map_err(|f| {
                 // E2B said yes but we cannot read which sandbox: reconcile by tag.
                 let mut e = provider_error(f);
@@ -372,6 +385,7 @@ impl Provider for E2b {
                         message: format!("the sandbox's CA could not be installed: {e}"),
                         instance_id: Some(created.sandbox_id),
                         retry_after: None,
+                        maybe_created: false,
                     });
                 }
             }

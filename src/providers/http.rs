@@ -51,6 +51,28 @@ impl HttpFailure {
     pub fn field(&self, name: &str) -> Option<&str> {
         self.body.as_ref()?.get(name)?.as_str()
     }
+
+    /// Whether a create answered this way may still have made its instance: the request
+    /// reached the provider and got a server error (a 5xx may come from a proxy in front of a
+    /// create that went through, or from a provider that failed after applying it) or no
+    /// answer at all. A 4xx is a refusal: nothing was made.
+    pub fn may_have_created(&self) -> bool {
+        self.sent && self.status.is_none_or(|s| s.is_server_error())
+    }
+}
+
+/// `Retry-After` as delay-seconds or an HTTP-date (RFC 9110 §10.2.3); a date in the past is
+/// no wait.
+pub fn retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
 }
 
 /// An authenticated client for one provider account.
@@ -203,8 +225,7 @@ impl ProviderHttp {
             .headers()
             .get(http::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .and_then(retry_after);
         let text = response.text().await.unwrap_or_default();
         let body: Option<serde_json::Value> = serde_json::from_str(&text).ok();
         let said = body
@@ -233,6 +254,24 @@ impl ProviderHttp {
         } else {
             text.replace(key, "[redacted]")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date() {
+        assert_eq!(retry_after(" 7 "), Some(Duration::from_secs(7)));
+        let later = std::time::SystemTime::now() + Duration::from_secs(600);
+        let asked = retry_after(&httpdate::fmt_http_date(later)).unwrap();
+        assert!(asked > Duration::from_secs(590) && asked <= Duration::from_secs(600));
+        assert_eq!(
+            retry_after("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after("soon"), None);
     }
 }
 

@@ -70,10 +70,13 @@ pub enum ErrorClass {
     Billing,
     InvalidRequest,
     Unknown,
+    /// Not tried: the pool's circuit is open after repeated provider failures
+    /// (`create::circuit`).
+    CircuitOpen,
 }
 
 impl ErrorClass {
-    pub const ALL: [ErrorClass; 15] = [
+    pub const ALL: [ErrorClass; 16] = [
         ErrorClass::Capacity,
         ErrorClass::RateLimit,
         ErrorClass::Quota,
@@ -89,15 +92,15 @@ impl ErrorClass {
         ErrorClass::Billing,
         ErrorClass::InvalidRequest,
         ErrorClass::Unknown,
+        ErrorClass::CircuitOpen,
     ];
 
     pub fn outcome(self) -> Outcome {
         use ErrorClass::*;
         match self {
             Capacity | RateLimit | Quota | RegionUnavailable | Outage | ProviderError
-            | Unsupported | UnboundAccount | FailedBeforeRunning | RuntimeShortfall => {
-                Outcome::Advance
-            }
+            | Unsupported | UnboundAccount | FailedBeforeRunning | RuntimeShortfall
+            | CircuitOpen => Outcome::Advance,
             Authority | Policy | Billing | InvalidRequest => Outcome::Terminal,
             Unknown => Outcome::Unknown,
         }
@@ -126,6 +129,7 @@ impl ErrorClass {
             Billing => "billing",
             InvalidRequest => "invalid_request",
             Unknown => "unknown",
+            CircuitOpen => "circuit_open",
         }
     }
 
@@ -144,6 +148,10 @@ pub struct ProviderError {
     pub instance_id: Option<String>,
     /// How long the provider asked to wait before trying again (`Retry-After`).
     pub retry_after: Option<std::time::Duration>,
+    /// The answer to a create does not prove that nothing was created (a 5xx after the
+    /// request reached the provider): the coordinator looks for the attempt's tagged
+    /// instance before the route advances, whatever the class (see `Coordinator::classify`).
+    pub maybe_created: bool,
 }
 
 impl ProviderError {
@@ -153,6 +161,7 @@ impl ProviderError {
             message: message.into(),
             instance_id: None,
             retry_after: None,
+            maybe_created: false,
         }
     }
 }

@@ -398,6 +398,15 @@ fn provider_error(failure: HttpFailure) -> ProviderError {
     error
 }
 
+/// A failed create call: [`provider_error`], marked `maybe_created` when the request reached
+/// the provider and was not refused (a 5xx, or no answer): the instance may exist.
+fn create_error(failure: HttpFailure) -> ProviderError {
+    let maybe_created = failure.may_have_created();
+    let mut error = provider_error(failure);
+    error.maybe_created = maybe_created;
+    error
+}
+
 fn op_error(failure: HttpFailure) -> OpError {
     let kind = match failure.status.map(|s| s.as_u16()) {
         Some(404) => OpErrorKind::NotFound,
@@ -414,6 +423,7 @@ fn failed(id: &str, message: String) -> ProviderError {
         message,
         instance_id: Some(id.to_string()),
         retry_after: None,
+        maybe_created: false,
     }
 }
 
@@ -1059,7 +1069,7 @@ impl Provider for Runloop {
                 .request(Method::POST, "/v1/devboxes")
                 .header(REQUEST_ID, &spec.tags.attempt_id)
                 .json(&body);
-            let response = self.http.send(request).await.map_err(provider_error)?;
+            let response = self.http.send(request).await.map_err(create_error)?;
             let created: DevboxView = self.http.json(response).await.map_err(|f| {
                 let mut e = provider_error(f);
                 e.class = ErrorClass::Unknown;

@@ -375,6 +375,7 @@ impl SimulatedProvider {
                     ),
                     instance_id: Some(id),
                     retry_after: None,
+                    maybe_created: false,
                 })
             }
             "timeout_after_send" => {

@@ -620,6 +620,15 @@ fn provider_error(failure: HttpFailure) -> ProviderError {
     error
 }
 
+/// A failed create call: [`provider_error`], marked `maybe_created` when the request reached
+/// the provider and was not refused (a 5xx, or no answer): the instance may exist.
+fn create_error(failure: HttpFailure) -> ProviderError {
+    let maybe_created = failure.may_have_created();
+    let mut error = provider_error(failure);
+    error.maybe_created = maybe_created;
+    error
+}
+
 fn op_error(failure: HttpFailure) -> OpError {
     let kind = match failure.status.map(|s| s.as_u16()) {
         Some(404) => OpErrorKind::NotFound,
@@ -640,7 +649,7 @@ impl Provider for Vercel {
         Box::pin(async move {
             let (endpoint, body) = self.create_body(&spec);
             let request = self.request(Method::POST, endpoint).json(&body);
-            let response = self.http.send(request).await.map_err(provider_error)?;
+            let response = self.http.send(request).await.map_err(create_error)?;
             let created: SandboxAndSession = self.http.json(response).await.map_err(|f| {
                 // Vercel said yes but we cannot read which sandbox: reconcile by tag.
                 let mut e = provider_error(f);
@@ -660,6 +669,7 @@ impl Provider for Vercel {
                 message,
                 instance_id: Some(name.clone()),
                 retry_after: None,
+                maybe_created: false,
             };
             if session.is_empty() {
                 return Err(failed(format!(

@@ -44,6 +44,9 @@ pub struct AttemptRow {
     pub instance_id: Option<String>,
     pub started_ms: i64,
     pub finished_ms: Option<i64>,
+    /// Each retry on the attempt's pool and why: a JSON array of `{at_ms, error_class,
+    /// message, wait_ms}` (see `Store::set_attempt_retries`); `None` without retries.
+    pub retries_json: Option<String>,
 }
 
 /// The end of an attempt.
@@ -114,7 +117,7 @@ pub struct PoolSamples {
 }
 
 const SANDBOX_COLUMNS: &str = "id, workspace, principal_json, state, request_json, labels_json, candidates_json, placement_json, placement_record_json, error_json, token_sealed, created_ms, updated_ms, expires_ms";
-const ATTEMPT_COLUMNS: &str = "id, sandbox_id, seq, pool, provider, account, state, outcome, error_class, message, instance_id, started_ms, finished_ms";
+const ATTEMPT_COLUMNS: &str = "id, sandbox_id, seq, pool, provider, account, state, outcome, error_class, message, instance_id, started_ms, finished_ms, retries_json";
 
 fn sandbox_row(r: &impl StoreRow) -> Result<SandboxRow, sqlx::Error> {
     Ok(SandboxRow {
@@ -150,6 +153,7 @@ fn attempt_row(r: &impl StoreRow) -> Result<AttemptRow, sqlx::Error> {
         instance_id: r.col("instance_id")?,
         started_ms: r.col("started_ms")?,
         finished_ms: r.col("finished_ms")?,
+        retries_json: r.col("retries_json")?,
     })
 }
 
@@ -707,6 +711,29 @@ impl Store {
         fenced(updated, id)
     }
 
+    /// Records an attempt's retries so far (a JSON array, replaced whole) while `fence` holds
+    /// its sandbox's lease.
+    pub async fn set_attempt_retries(
+        &self,
+        id: &str,
+        retries_json: &str,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "UPDATE attempts SET retries_json = $2 WHERE id = $1 AND {}",
+            self.fence_sql("attempts.sandbox_id", 3)
+        );
+        let updated = with_pool!(self, pool => sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .bind(retries_json)
+            .bind(&fence.owner)
+            .bind(fence.epoch)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        fenced(updated, id)
+    }
+
     /// Ends an attempt while `fence` holds its sandbox's lease; an instance id already
     /// recorded is kept when `end` has none.
     pub async fn finish_attempt(
@@ -924,10 +951,11 @@ impl Store {
         Ok(())
     }
 
-    /// Abandoned attempts still watched at `now_ms`, oldest first.
+    /// Abandoned attempts still watched at `now_ms` whose next check is due (see
+    /// [`Store::abandoned_checked`]), oldest first.
     pub async fn watched_abandoned(&self, now_ms: i64) -> Result<Vec<AbandonedRow>, StoreError> {
         const SQL: &str = "SELECT attempt_id, sandbox_id, pool, account FROM abandoned_instances
-             WHERE watch_until_ms > $1 ORDER BY recorded_ms, attempt_id";
+             WHERE watch_until_ms > $1 AND next_check_ms <= $1 ORDER BY recorded_ms, attempt_id";
         Ok(with_pool!(self, pool => sqlx::query(SQL)
             .bind(now_ms)
             .fetch_all(pool)
@@ -935,6 +963,41 @@ impl Store {
             .iter()
             .map(abandoned_row)
             .collect::<Result<_, _>>()?))
+    }
+
+    /// Counts one more check of an abandoned attempt at `now_ms` and puts its next one off:
+    /// `base_ms` after the first check, doubling with each one after it, at most `max_ms`.
+    /// Returns when the next check is due (`None`: not tracked).
+    pub async fn abandoned_checked(
+        &self,
+        attempt_id: &str,
+        now_ms: i64,
+        base_ms: i64,
+        max_ms: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        const COUNT: &str = "UPDATE abandoned_instances SET checks = checks + 1
+             WHERE attempt_id = $1 RETURNING checks";
+        const NEXT: &str =
+            "UPDATE abandoned_instances SET next_check_ms = $2 WHERE attempt_id = $1";
+        let checks: Option<i64> = with_pool!(self, pool => match sqlx::query(COUNT)
+            .bind(attempt_id)
+            .fetch_optional(pool)
+            .await?
+        {
+            Some(r) => Some(r.col::<i64>("checks")?),
+            None => None,
+        });
+        let Some(checks) = checks else {
+            return Ok(None);
+        };
+        let next = now_ms.saturating_add(backoff_ms(checks, base_ms, max_ms));
+        with_pool!(self, pool => sqlx::query(NEXT)
+            .bind(attempt_id)
+            .bind(next)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(Some(next))
     }
 
     /// Counts `n` more instances of an abandoned attempt deleted by the janitor.
@@ -1086,4 +1149,14 @@ impl Store {
             .await?
             .rows_affected()))
     }
+}
+
+/// The pause after the `checks`-th check (1-based): `base_ms`, doubling each time, at most
+/// `max_ms`.
+pub fn backoff_ms(checks: i64, base_ms: i64, max_ms: i64) -> i64 {
+    let doublings = checks.saturating_sub(1).clamp(0, 40) as u32;
+    base_ms
+        .max(1)
+        .saturating_mul(1i64 << doublings)
+        .min(max_ms.max(1))
 }

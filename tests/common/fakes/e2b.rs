@@ -98,6 +98,8 @@ type Reply = Response<Body>;
 pub struct FakeE2bConfig {
     /// `Retry-After` (seconds) of a scripted `rate_limit`.
     pub retry_after_secs: u64,
+    /// Send that `Retry-After` as an HTTP-date (RFC 9110 allows both forms).
+    pub retry_after_as_date: bool,
     /// How long a scripted `timeout_after_send` holds the connection before dropping it.
     pub hang: Duration,
     /// How long after a `timeout_after_send` create the instance stays out of listings
@@ -115,6 +117,7 @@ impl Default for FakeE2bConfig {
     fn default() -> Self {
         FakeE2bConfig {
             retry_after_secs: 1,
+            retry_after_as_date: false,
             hang: Duration::from_secs(1),
             appear_after: Duration::ZERO,
             envd_version: "0.5.7".to_string(),
@@ -134,6 +137,11 @@ pub enum CreateOutcome {
     RateLimit,
     /// 503 without `error_code`.
     Outage,
+    /// 500 without `error_code` (nothing created).
+    ServerError,
+    /// The sandbox is created (and its `Idempotency-Key` remembered), then 500 without
+    /// `error_code` is answered: a retry with the key replays it.
+    AppliedThen500,
     /// 504 `sandbox_placement_timeout`.
     PlacementTimeout,
     /// 503 `sandbox_no_compatible_node`.
@@ -156,6 +164,8 @@ impl CreateOutcome {
             "capacity" => CreateOutcome::Capacity,
             "rate_limit" => CreateOutcome::RateLimit,
             "outage" => CreateOutcome::Outage,
+            "server_error" => CreateOutcome::ServerError,
+            "applied_then_500" => CreateOutcome::AppliedThen500,
             "placement_timeout" => CreateOutcome::PlacementTimeout,
             "no_compatible_node" => CreateOutcome::NoCompatibleNode,
             "failed_before_running" => CreateOutcome::FailedBeforeRunning,
@@ -293,8 +303,9 @@ impl FakeE2b {
         &self.shared.domain
     }
 
-    /// Outcomes for the next creates, in order (then `ok`): `ok`, `capacity`, `rate_limit`,
-    /// `outage`, `placement_timeout`, `no_compatible_node`, `failed_before_running`,
+    /// Outcomes for the next creates, in order (then `ok`, or the [`FakeE2b::always`] one):
+    /// `ok`, `capacity`, `rate_limit`, `outage`, `server_error`, `applied_then_500`,
+    /// `placement_timeout`, `no_compatible_node`, `failed_before_running`,
     /// `timeout_after_send`. Panics on another name.
     pub fn script<'a>(&self, outcomes: impl IntoIterator<Item = &'a str>) {
         let mut inner = self.shared.lock();
@@ -303,6 +314,23 @@ impl FakeE2b {
                 .unwrap_or_else(|| panic!("the fake E2B has no create outcome {name:?}"));
             inner.script.push_back(outcome);
         }
+    }
+
+    /// The outcome of every create once the script is used up (instead of `ok`).
+    pub fn always(&self, name: &str) {
+        let outcome = CreateOutcome::parse(name)
+            .unwrap_or_else(|| panic!("the fake E2B has no create outcome {name:?}"));
+        self.shared.lock().always = Some(outcome);
+    }
+
+    /// Authenticated `GET /v2/sandboxes` requests (listings) so far.
+    pub fn list_calls(&self) -> usize {
+        self.shared
+            .lock()
+            .requests
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.trim_end_matches('/') == "/v2/sandboxes")
+            .count()
     }
 
     pub fn pending_script(&self) -> Vec<CreateOutcome> {
@@ -425,6 +453,8 @@ impl Shared {
 struct Inner {
     sandboxes: HashMap<String, Entry>,
     script: VecDeque<CreateOutcome>,
+    /// What a create comes to once the script is used up (`None`: `ok`).
+    always: Option<CreateOutcome>,
     creates: Vec<CreateRecord>,
     requests: Vec<SeenRequest>,
     idempotency: HashMap<String, Remembered>,
@@ -866,9 +896,14 @@ fn create_now(shared: &Shared, spec: &CreateSpec) -> Created {
     if let Some(reply) = replay(shared, &mut inner, spec) {
         return Created::Reply(reply);
     }
-    let outcome = inner.script.pop_front().unwrap_or(CreateOutcome::Ok);
+    let outcome = match inner.script.pop_front() {
+        Some(outcome) => outcome,
+        None => inner.always.unwrap_or(CreateOutcome::Ok),
+    };
     let (state, hidden_for) = match outcome {
-        CreateOutcome::Ok => (SandboxState::Running, Duration::ZERO),
+        CreateOutcome::Ok | CreateOutcome::AppliedThen500 => {
+            (SandboxState::Running, Duration::ZERO)
+        }
         CreateOutcome::TimeoutAfterSend => (SandboxState::Running, shared.config.appear_after),
         CreateOutcome::FailedBeforeRunning => (SandboxState::Failed, Duration::ZERO),
         _ => {
@@ -895,6 +930,9 @@ fn create_now(shared: &Shared, spec: &CreateSpec) -> Created {
     }
     if outcome == CreateOutcome::TimeoutAfterSend {
         return Created::Hang;
+    }
+    if outcome == CreateOutcome::AppliedThen500 {
+        return Created::Reply(api_error(500, None, "Internal server error"));
     }
     Created::Reply(json_reply(
         201,
@@ -931,7 +969,14 @@ fn scripted_failure(shared: &Shared, outcome: CreateOutcome) -> Reply {
         ),
         CreateOutcome::RateLimit => {
             let mut reply = api_error(429, None, "Rate limit exceeded, please try again later");
-            reply.headers_mut().insert("retry-after", shared.config.retry_after_secs.into());
+            let secs = shared.config.retry_after_secs;
+            let value = if shared.config.retry_after_as_date {
+                let at = SystemTime::now() + Duration::from_secs(secs);
+                http::HeaderValue::from_str(&http_date(at)).expect("an HTTP-date")
+            } else {
+                secs.into()
+            };
+            reply.headers_mut().insert("retry-after", value);
             reply
         }
         CreateOutcome::PlacementTimeout => api_error(
@@ -944,8 +989,18 @@ fn scripted_failure(shared: &Shared, outcome: CreateOutcome) -> Reply {
             Some("sandbox_no_compatible_node"),
             "Failed to place sandbox: no compatible node for this template's requirements",
         ),
+        CreateOutcome::ServerError => api_error(500, None, "Internal server error"),
         _ => api_error(503, None, "Service temporarily unavailable"),
     }
+}
+
+/// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+fn http_date(at: SystemTime) -> String {
+    // RFC 2822's form in UTC is the IMF-fixdate but for the zone's name.
+    time::OffsetDateTime::from(at)
+        .format(&time::format_description::well_known::Rfc2822)
+        .expect("an HTTP-date")
+        .replace("+0000", "GMT")
 }
 
 /// A new sandbox: its `/` (with `/home/user` and `/tmp`, or a snapshot's files) and its entry.

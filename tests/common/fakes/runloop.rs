@@ -97,7 +97,8 @@ pub struct FakeRunloopConfig {
     pub retry_after_secs: u64,
     /// How long a scripted `timeout_after_send` holds the connection before dropping it.
     pub hang: Duration,
-    /// How long after a `timeout_after_send` create the devbox stays out of listings.
+    /// How long after a `timeout_after_send` or `created_then_503` create the devbox stays
+    /// out of listings.
     pub appear_after: Duration,
     /// provisioning → initializing → running takes this long.
     pub boot_delay: Duration,
@@ -129,6 +130,8 @@ pub enum CreateOutcome {
     Outage,
     /// The devbox is created but the connection is dropped without an answer.
     TimeoutAfterSend,
+    /// The devbox is created (it boots), then 503 is answered.
+    CreatedThen503,
     /// Accepted, then boots into `failure`.
     FailedBeforeRunning,
     /// Answered from an earlier create with the same `x-request-id`.
@@ -145,6 +148,7 @@ impl CreateOutcome {
             "rate_limit" => CreateOutcome::RateLimit,
             "outage" => CreateOutcome::Outage,
             "timeout_after_send" => CreateOutcome::TimeoutAfterSend,
+            "created_then_503" => CreateOutcome::CreatedThen503,
             "failed_before_running" => CreateOutcome::FailedBeforeRunning,
             _ => return None,
         })
@@ -305,7 +309,8 @@ impl FakeRunloop {
     }
 
     /// Outcomes for the next creates, in order (then `ok`): `ok`, `capacity`, `rate_limit`,
-    /// `outage`, `timeout_after_send`, `failed_before_running`. Panics on another name.
+    /// `outage`, `timeout_after_send`, `created_then_503`, `failed_before_running`. Panics on
+    /// another name.
     pub fn script<'a>(&self, outcomes: impl IntoIterator<Item = &'a str>) {
         let mut inner = self.shared.lock();
         for name in outcomes {
@@ -952,8 +957,10 @@ async fn create(shared: &Arc<Shared>, req: &Req, await_running: bool) -> Result<
             request_id: request_id.clone(),
             outcome,
         };
-        let hidden_until = (outcome == CreateOutcome::TimeoutAfterSend
-            && !shared.config.appear_after.is_zero())
+        let hidden_until = (matches!(
+            outcome,
+            CreateOutcome::TimeoutAfterSend | CreateOutcome::CreatedThen503
+        ) && !shared.config.appear_after.is_zero())
         .then(|| Instant::now() + shared.config.appear_after);
         let mut entry = Entry {
             view,
@@ -976,6 +983,9 @@ async fn create(shared: &Arc<Shared>, req: &Req, await_running: bool) -> Result<
         return Err(io::Error::other(
             "timeout_after_send: the answer is never sent",
         ));
+    }
+    if outcome == CreateOutcome::CreatedThen503 {
+        return Ok(api_error(503, "Service Unavailable"));
     }
     if await_running {
         let _ = wait_for(shared, &id, &["running", "failure", "shutdown"], 30.0).await;

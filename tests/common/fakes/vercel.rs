@@ -81,7 +81,8 @@ pub struct FakeVercelConfig {
     pub retry_after_secs: u64,
     /// How long a scripted `timeout_after_send` holds the connection before dropping it.
     pub hang: Duration,
-    /// How long after a `timeout_after_send` create the sandbox stays out of listings.
+    /// How long after a `timeout_after_send` or `created_then_503` create the sandbox stays
+    /// out of listings (`GET /v2/sandboxes/{name}` sees it at once).
     pub appear_after: Duration,
 }
 
@@ -110,6 +111,9 @@ pub enum CreateOutcome {
     Billing,
     /// The sandbox is created, the connection dropped without an answer.
     TimeoutAfterSend,
+    /// The sandbox is created (its session starts), then 503 is answered, as when Vercel's
+    /// edge gives up on a create its backend applied.
+    CreatedThen503,
     /// Answered 200 with a `pending` session that then turns `failed`.
     FailedBeforeRunning,
     /// Refused before the script (bad input).
@@ -125,6 +129,7 @@ impl CreateOutcome {
             "outage" => CreateOutcome::Outage,
             "billing" => CreateOutcome::Billing,
             "timeout_after_send" => CreateOutcome::TimeoutAfterSend,
+            "created_then_503" => CreateOutcome::CreatedThen503,
             "failed_before_running" => CreateOutcome::FailedBeforeRunning,
             _ => return None,
         })
@@ -241,7 +246,7 @@ impl FakeVercel {
     }
 
     /// Outcomes for the next creates, in order (then `ok`): `ok`, `capacity`, `rate_limit`,
-    /// `outage`, `billing`, `timeout_after_send`, `failed_before_running`.
+    /// `outage`, `billing`, `timeout_after_send`, `created_then_503`, `failed_before_running`.
     pub fn script<'a>(&self, outcomes: impl IntoIterator<Item = &'a str>) {
         let mut inner = self.shared.lock();
         for name in outcomes {
@@ -752,6 +757,7 @@ async fn create(shared: &Arc<Shared>, req: &Req, path: &str) -> Result<Reply, io
         }
         CreateOutcome::Ok
         | CreateOutcome::FailedBeforeRunning
+        | CreateOutcome::CreatedThen503
         | CreateOutcome::TimeoutAfterSend => match new_sandbox(shared, parsed, outcome) {
             Ok(reply) => reply,
             Err(reply) => return Ok(*reply),
@@ -761,6 +767,13 @@ async fn create(shared: &Arc<Shared>, req: &Req, path: &str) -> Result<Reply, io
     if outcome == CreateOutcome::TimeoutAfterSend {
         tokio::time::sleep(shared.config.hang).await;
         return Err(io::Error::other("scripted timeout_after_send"));
+    }
+    if outcome == CreateOutcome::CreatedThen503 {
+        return Ok(api_error(
+            503,
+            "service_unavailable",
+            "The service is temporarily unavailable",
+        ));
     }
     Ok(reply)
 }
@@ -948,8 +961,11 @@ fn new_sandbox(
         status: SessionStatus::Pending,
         started: Instant::now(),
         fails: outcome == CreateOutcome::FailedBeforeRunning,
-        hidden_until: (outcome == CreateOutcome::TimeoutAfterSend)
-            .then(|| Instant::now() + shared.config.appear_after),
+        hidden_until: matches!(
+            outcome,
+            CreateOutcome::TimeoutAfterSend | CreateOutcome::CreatedThen503
+        )
+        .then(|| Instant::now() + shared.config.appear_after),
         create_path: spec.path,
         project_id: shared.project_id.clone(),
         tags: spec.tags,
