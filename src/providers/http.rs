@@ -257,24 +257,6 @@ impl ProviderHttp {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_after_is_seconds_or_a_date() {
-        assert_eq!(retry_after(" 7 "), Some(Duration::from_secs(7)));
-        let later = std::time::SystemTime::now() + Duration::from_secs(600);
-        let asked = retry_after(&httpdate::fmt_http_date(later)).unwrap();
-        assert!(asked > Duration::from_secs(590) && asked <= Duration::from_secs(600));
-        assert_eq!(
-            retry_after("Sun, 06 Nov 1994 08:49:37 GMT"),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(retry_after("soon"), None);
-    }
-}
-
 fn transient(failure: &HttpFailure) -> bool {
     match failure.status {
         None => true,
@@ -300,5 +282,23 @@ pub fn path_segment(id: &str) -> String {
     match id {
         "." | ".." => id.replace('.', "%2E"),
         _ => percent_encoding::utf8_percent_encode(id, SEGMENT).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date() {
+        assert_eq!(retry_after(" 7 "), Some(Duration::from_secs(7)));
+        let later = std::time::SystemTime::now() + Duration::from_secs(600);
+        let asked = retry_after(&httpdate::fmt_http_date(later)).unwrap();
+        assert!(asked > Duration::from_secs(590) && asked <= Duration::from_secs(600));
+        assert_eq!(
+            retry_after("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after("soon"), None);
     }
 }
