@@ -930,6 +930,77 @@ async fn abandoned_instances_are_watched_until_their_deadline() {
     .await;
 }
 
+/// Issue 25 item 9: the janitor's next look at an abandoned attempt is put off, doubling from
+/// the base up to the maximum; a row not due is not listed.
+#[tokio::test]
+async fn an_abandoned_attempt_is_checked_ever_less_often() {
+    each_backend(
+        "an_abandoned_attempt_is_checked_ever_less_often",
+        |fx| async move {
+            let s = &fx.store;
+            let row = AbandonedRow {
+                attempt_id: "sb-1-a1".into(),
+                sandbox_id: "sb-1".into(),
+                pool: "pool-a".into(),
+                account: "acct-a".into(),
+            };
+            s.record_abandoned(&row, "unknown_outcome", 0, 1_000_000)
+                .await
+                .unwrap();
+            let due = |at| async move { s.watched_abandoned(at).await.unwrap().len() };
+            assert_eq!(due(0).await, 1, "due at once");
+            let mut at = 0;
+            let mut pauses = Vec::new();
+            for _ in 0..6 {
+                let next = s
+                    .abandoned_checked("sb-1-a1", at, 100, 1_000)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(due(next - 1).await, 0, "not due before {next}");
+                assert_eq!(due(next).await, 1);
+                pauses.push(next - at);
+                at = next;
+            }
+            assert_eq!(pauses, [100, 200, 400, 800, 1_000, 1_000]);
+            assert_eq!(
+                s.abandoned_checked("sb-nope", 0, 100, 1_000).await.unwrap(),
+                None
+            );
+        },
+    )
+    .await;
+}
+
+/// Issue 25 item 6: an attempt's retries are stored with it (fenced like its other writes).
+#[tokio::test]
+async fn an_attempts_retries_are_recorded() {
+    each_backend("an_attempts_retries_are_recorded", |fx| async move {
+        let s = &fx.store;
+        insert(s, &sandbox("sb-1", "ws", "pending", json!({}), 10)).await;
+        let a1 = attempt("sb-1", 1, "pool-a");
+        s.start_attempt(&a1, 11, &fence()).await.unwrap();
+        assert_eq!(s.list_attempts("sb-1").await.unwrap()[0].retries_json, None);
+        let retries =
+            r#"[{"at_ms":12,"error_class":"provider_error","message":"500","wait_ms":200}]"#;
+        s.set_attempt_retries(&a1.id, retries, &fence())
+            .await
+            .unwrap();
+        assert_eq!(
+            s.list_attempts("sb-1").await.unwrap()[0]
+                .retries_json
+                .as_deref(),
+            Some(retries)
+        );
+        let stale = Fence {
+            owner: "owner-2".into(),
+            epoch: 0,
+        };
+        assert!(s.set_attempt_retries(&a1.id, "[]", &stale).await.is_err());
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leases_claim_renew_and_release() {
     each_backend("leases_claim_renew_and_release", |fx| async move {
