@@ -602,6 +602,14 @@ async fn a_create_applied_then_answered_503_is_reconciled_by_tag_on_vercel_and_r
     let live = env.vercel.live_with_tag("sandgate_sandbox", id);
     assert_eq!(live.len(), 1, "{:?}", env.vercel.live());
     assert_eq!(view["placement"]["instance_id"], live[0].name.as_str());
+    let ca = env
+        .vercel
+        .file(&live[0].name, &live[0].env["SSL_CERT_FILE"]);
+    assert_eq!(
+        ca.as_deref(),
+        Some(env.gw.sandgate_ca_pem.as_slice()),
+        "adopted, then finished"
+    );
     assert_eq!(env.vercel.create_log().len(), 1, "no second create");
     assert_eq!(env.runloop.live_count(), 0, "nothing created elsewhere");
 
@@ -615,6 +623,14 @@ async fn a_create_applied_then_answered_503_is_reconciled_by_tag_on_vercel_and_r
     let live = env.runloop.live_with_metadata("sandgate_sandbox", id);
     assert_eq!(live.len(), 1, "{:?}", env.runloop.live());
     assert_eq!(view["placement"]["instance_id"], live[0].id.as_str());
+    let ca = env
+        .runloop
+        .file(&live[0].id, &live[0].environment_variables["SSL_CERT_FILE"]);
+    assert_eq!(
+        ca.as_deref(),
+        Some(env.gw.sandgate_ca_pem.as_slice()),
+        "adopted, then finished"
+    );
     assert_eq!(env.runloop.create_log().len(), 1, "no second create");
     assert_eq!(env.vercel.live_count(), 1, "only the first sandbox's");
 }

@@ -1645,6 +1645,35 @@ impl Coordinator {
                         for extra in found.iter().filter(|i| i.id != running.id) {
                             let _ = adapter.delete(&extra.id).await;
                         }
+                        // Its create did not finish it (e.g. the CA of a locked-down sandbox
+                        // is written after the provider made it): finish it now.
+                        let egress = self.remote_egress(job, cand);
+                        let adopted = match &egress {
+                            Ok(egress) => adapter.adopt(&running.id, egress.as_ref()).await,
+                            Err(e) => Err(e.clone()),
+                        };
+                        if let Err(e) = adopted {
+                            self.end_attempt(
+                                job,
+                                attempt,
+                                "advanced",
+                                e.class,
+                                &e.message,
+                                Some(&running.id),
+                            )
+                            .await?;
+                            self.sample(&cand.pool, false, None).await;
+                            self.destroy(
+                                &job.row.id,
+                                &cand.pool,
+                                &cand.account,
+                                &attempt.id,
+                                &running.id,
+                                "not_adopted",
+                            )
+                            .await;
+                            return Ok(Step::Advance);
+                        }
                         return self.after_running(job, cand, attempt, &running.id).await;
                     }
                     if !found.is_empty() && found.iter().all(|i| i.state == InstanceState::Failed) {

@@ -327,11 +327,13 @@ fn provider_error(failure: HttpFailure) -> ProviderError {
 }
 
 /// A failed create call: [`provider_error`], marked `maybe_created` unless the answer proves
-/// nothing was made (a refusal, or E2B's placement codes saying no node took it).
+/// nothing runs (a refusal, or E2B's placement codes: no node took it, or creating it failed).
 fn create_error(failure: HttpFailure) -> ProviderError {
     let refused_placement = matches!(
         failure.field("error_code"),
-        Some("sandbox_capacity_unavailable" | "sandbox_no_compatible_node")
+        Some(
+            "sandbox_capacity_unavailable" | "sandbox_no_compatible_node" | "sandbox_create_failed"
+        )
     );
     let maybe_created = failure.may_have_created() && !refused_placement;
     let mut error = provider_error(failure);
@@ -472,6 +474,24 @@ impl Provider for E2b {
 
     fn ca_path(&self) -> Option<&'static str> {
         Some(CA_PATH)
+    }
+
+    fn adopt<'a>(
+        &'a self,
+        instance_id: &'a str,
+        egress: Option<&'a RemoteEgress>,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let Some(egress) = egress else {
+                return Ok(());
+            };
+            self.install_ca(instance_id, egress).await.map_err(|e| {
+                ProviderError::new(
+                    ErrorClass::FailedBeforeRunning,
+                    format!("the adopted instance's CA could not be installed: {e}"),
+                )
+            })
+        })
     }
 
     fn check(&self) -> BoxFuture<'_, Result<String, ProviderError>> {

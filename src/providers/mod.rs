@@ -406,6 +406,18 @@ pub trait Provider: Send + Sync + 'static {
     fn ca_path(&self) -> Option<&'static str> {
         None
     }
+    /// Finishes an instance the coordinator adopts after reconciling by tag (its create was
+    /// not answered, or answered a failure): what `create` does once the provider has made
+    /// the instance, such as installing sandgate's CA for `egress`. The instance carries the
+    /// create's own settings (lock-down included) already. Default: nothing to do.
+    fn adopt<'a>(
+        &'a self,
+        instance_id: &'a str,
+        egress: Option<&'a RemoteEgress>,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        let _ = (instance_id, egress);
+        Box::pin(async { Ok(()) })
+    }
     /// One harmless authenticated call (`sandgate provider check`): what it reached, or why
     /// the account's base URL or credentials do not work.
     fn check(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
