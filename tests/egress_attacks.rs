@@ -1192,3 +1192,91 @@ async fn basic_and_query_credentials_are_applied_end_to_end() {
     );
     s.gw.server.shutdown();
 }
+
+/// A placeholder in its own slot on a request its credential's destination rule does not
+/// cover (`gh` is `GET` only, on the origin's port, under `/repos/`): the refusal names the
+/// rule that refused it, the method, the port or the path prefix, rather than blaming the
+/// slot; it carries neither the secret nor the placeholder, and nothing reaches the origin.
+#[tokio::test]
+async fn a_credential_refusal_names_the_rule_that_refused_it() {
+    let s = setup().await;
+    let gh = s.placeholder("sb-a", "gh").await;
+    let client = s.gw.client("sb-a", true);
+    // A port nothing listens on: the request is refused before anything is dialed.
+    let other_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let port = s.port();
+    let cases: Vec<(http::Method, String, Vec<String>)> = vec![
+        (
+            http::Method::POST,
+            s.url("api.a.test", "/repos/x"),
+            vec![
+                "method POST".into(),
+                "methods = [\"GET\"]".into(),
+                "\"gh\"".into(),
+            ],
+        ),
+        (
+            http::Method::GET,
+            format!("https://api.a.test:{other_port}/repos/x"),
+            vec![
+                format!("port {other_port}"),
+                format!("ports = [{port}]"),
+                "\"gh\"".into(),
+            ],
+        ),
+        (
+            http::Method::GET,
+            s.url("api.a.test", "/admin/x"),
+            vec![
+                "path_prefix = \"/repos/\"".into(),
+                "path".into(),
+                "\"gh\"".into(),
+            ],
+        ),
+    ];
+    for (method, url, wanted) in cases {
+        let before = s.log.count();
+        let response = client
+            .request(method.clone(), url.as_str())
+            .header("authorization", format!("Bearer {gh}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 403, "{method} {url}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(
+            body["error"]["code"], "credential_destination_mismatch",
+            "{body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap();
+        for want in &wanted {
+            assert!(
+                message.contains(want.as_str()),
+                "{method} {url}: {want:?} missing from {message:?}"
+            );
+        }
+        assert!(
+            !message.contains("not the declared slot"),
+            "{method} {url}: the slot is blamed: {message}"
+        );
+        let text = body.to_string().to_ascii_lowercase();
+        assert!(
+            !text.contains(&gh[5..]),
+            "the placeholder is echoed: {text}"
+        );
+        assert!(!text.contains(&SECRET_GH.to_ascii_lowercase()), "{text}");
+        assert_eq!(s.log.count(), before, "{method} {url} reached the origin");
+    }
+    // The rule still lets through what it covers.
+    let response = client
+        .get(s.url("api.a.test", "/repos/x"))
+        .header("authorization", format!("Bearer {gh}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    s.gw.server.shutdown();
+}

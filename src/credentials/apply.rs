@@ -25,7 +25,7 @@ use serde_json::json;
 
 use super::scan::{self, Token};
 use super::scrub::{Scrubber, QUERY_VALUE};
-use super::{aws, Apply, Credential, CredentialStore, Material};
+use super::{aws, Apply, Credential, CredentialStore, DestinationRule, Material};
 use crate::error::ErrorReply;
 use crate::identity::Identity;
 use crate::policy::PolicyEngine;
@@ -248,7 +248,11 @@ pub async fn apply(
     let applicable = applicable(credentials, identity, view, path_and_query);
     for (place, token) in &found {
         if !in_declared_slot(&applicable, place, token.as_deref()) {
-            return Err(mismatch_error(view, place));
+            let (path, _) = split_query(path_and_query);
+            let rule = token
+                .as_deref()
+                .and_then(|token| refusing_rule(credentials, identity, view, path, place, token));
+            return Err(mismatch_error(view, place, rule));
         }
     }
     let applicable = signed_by_placeholder(applicable, headers)?;
@@ -544,8 +548,112 @@ fn sensitive(text: &str) -> Result<HeaderValue, ()> {
     Ok(value)
 }
 
-fn mismatch_error(view: &RequestView<'_>, place: &Place) -> ErrorReply {
-    let reason = if view.scheme == "https" {
+/// When a placeholder sits in its own credential's slot but that credential's destinations
+/// do not cover this request: which part of them refused it (host, port, method or path
+/// prefix), with the values the rule allows, so the refusal blames the rule and not the
+/// slot. Names only configuration and the request's method and port: never the path (the
+/// sandbox's own text), the placeholder or the secret.
+fn refusing_rule(
+    credentials: &CredentialStore,
+    identity: &Identity,
+    view: &RequestView<'_>,
+    path: &str,
+    place: &Place,
+    token: &str,
+) -> Option<String> {
+    if view.scheme != "https" {
+        return None;
+    }
+    let binding = identity.bindings.iter().find(|b| b.placeholder == token)?;
+    let credential = credentials.get(&identity.workspace, &binding.name)?;
+    if !slot_matches(&credential.meta.apply, place) {
+        return None;
+    }
+    let rules = &credential.meta.destinations;
+    let named = |what: String| {
+        Some(format!(
+            "credential {:?} is bound to this sandbox but its destinations do not cover this request: {what}",
+            credential.meta.name
+        ))
+    };
+    let for_host: Vec<&DestinationRule> = rules
+        .iter()
+        .filter(|d| crate::domain::matches(&d.host, view.host))
+        .collect();
+    if for_host.is_empty() {
+        let hosts: Vec<&str> = rules.iter().map(|d| d.host.as_str()).collect();
+        return named(format!(
+            "the host {} is not among its destination hosts {hosts:?}",
+            view.host
+        ));
+    }
+    let for_port: Vec<&DestinationRule> = for_host
+        .iter()
+        .copied()
+        .filter(|d| d.covers(view.host, view.port))
+        .collect();
+    if for_port.is_empty() {
+        let allowed: Vec<String> = for_host
+            .iter()
+            .map(|d| {
+                let ports: Vec<String> = d.ports.iter().map(u16::to_string).collect();
+                let note = if d.ports.is_empty() {
+                    " (443 only)"
+                } else {
+                    ""
+                };
+                format!("ports = [{}]{note}", ports.join(", "))
+            })
+            .collect();
+        return named(format!(
+            "the port {} is not allowed by its destination's {}",
+            view.port,
+            allowed.join(" or ")
+        ));
+    }
+    let for_method: Vec<&DestinationRule> = for_port
+        .iter()
+        .copied()
+        .filter(|d| {
+            d.methods.is_empty()
+                || d.methods
+                    .iter()
+                    .any(|m| m.eq_ignore_ascii_case(view.method))
+        })
+        .collect();
+    if for_method.is_empty() {
+        let allowed: Vec<String> = for_port
+            .iter()
+            .map(|d| format!("methods = {:?}", d.methods))
+            .collect();
+        return named(format!(
+            "the method {} is not allowed by its destination's {}",
+            view.method,
+            allowed.join(" or ")
+        ));
+    }
+    let prefixes: Vec<String> = for_method
+        .iter()
+        .filter_map(|d| d.path_prefix.as_deref())
+        .filter(|prefix| !path.starts_with(prefix))
+        .map(|prefix| format!("path_prefix = {prefix:?}"))
+        .collect();
+    if prefixes.len() == for_method.len() {
+        return named(format!(
+            "the path is not under its destination's {}",
+            prefixes.join(" or ")
+        ));
+    }
+    None
+}
+
+fn mismatch_error(view: &RequestView<'_>, place: &Place, rule: Option<String>) -> ErrorReply {
+    let reason = if let Some(rule) = rule {
+        format!(
+            "{rule}; its placeholder in {} was not replaced",
+            place.describe()
+        )
+    } else if view.scheme == "https" {
         format!(
             "the request carries a credential placeholder in {} that is not the declared slot of a credential bound to this sandbox for this destination",
             place.describe()
