@@ -1728,7 +1728,7 @@ async fn idle_tunnels(s: &Settings, origin: SocketAddr, origin_ca: &Path) {
     let limit = s.max_tunnels() + 1024;
     println!(
         "idle-tunnels: {} intercepted tunnels held idle ({} opened at once), variants {}; a fresh \
-         proxy per variant; sandgate with [proxy] max_connections = max_tunnels_per_identity = {limit}, \
+         proxy per variant; sandgate with [proxy] max_tunnels_per_identity = {limit} (max_connections one more), \
          header_read_timeout_secs = idle_timeout_secs = 3600 (the defaults, 10 s and 300 s, would close idle tunnels)",
         s.tunnels
             .iter()
@@ -1742,9 +1742,11 @@ async fn idle_tunnels(s: &Settings, origin: SocketAddr, origin_ca: &Path) {
             .collect::<Vec<_>>()
             .join(" / ")
     );
+    // One sandbox holds every tunnel here, and its share must stay below the cap.
     let sandgate_extra = format!(
-        "max_connections = {limit}\nmax_tunnels_per_identity = {limit}\n\
-         header_read_timeout_secs = 3600\nidle_timeout_secs = 3600"
+        "max_connections = {}\nmax_tunnels_per_identity = {limit}\n\
+         header_read_timeout_secs = 3600\nidle_timeout_secs = 3600",
+        limit + 1
     );
     let squid_extra = format!(
         "max_filedescriptors {}\nclient_idle_pconn_timeout 60 minutes\nrequest_start_timeout 60 minutes\n\

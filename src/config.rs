@@ -399,7 +399,9 @@ pub struct ProxyConfig {
     pub max_connections: usize,
     /// Open CONNECT tunnels one sandbox identity may hold at once; its next CONNECT is
     /// refused with 429 `too_many_tunnels`, so one sandbox cannot take every connection.
-    pub max_tunnels_per_identity: usize,
+    /// Must be below `max_connections`; unset, it is derived from it (see
+    /// [`ProxyConfig::tunnels_per_identity`]).
+    pub max_tunnels_per_identity: Option<usize>,
     /// Largest request head (request line plus headers) accepted from a sandbox, in bytes.
     pub max_header_bytes: usize,
     /// Seconds a client may take to send a complete request head.
@@ -435,12 +437,27 @@ pub struct ProxyConfig {
     pub tls_handshake_timeout_secs: u64,
 }
 
+/// The most tunnels one identity holds by default, however large `max_connections` is.
+pub const DEFAULT_MAX_TUNNELS_PER_IDENTITY: usize = 256;
+
+impl ProxyConfig {
+    /// Open tunnels one identity may hold: `max_tunnels_per_identity`, or by default a
+    /// quarter of `max_connections` (at most 256, at least 1). A share below the whole cap
+    /// is what keeps one sandbox from holding every connection and leaving the others none:
+    /// with the default, at least four sandboxes fit before the proxy is full.
+    pub fn tunnels_per_identity(&self) -> usize {
+        self.max_tunnels_per_identity.unwrap_or_else(|| {
+            (self.max_connections / 4).clamp(1, DEFAULT_MAX_TUNNELS_PER_IDENTITY)
+        })
+    }
+}
+
 impl Default for ProxyConfig {
     fn default() -> Self {
         ProxyConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 3128)),
             max_connections: 4096,
-            max_tunnels_per_identity: 256,
+            max_tunnels_per_identity: None,
             max_header_bytes: 64 * 1024,
             header_read_timeout_secs: 10,
             idle_timeout_secs: 300,
@@ -961,11 +978,24 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if let Some(tunnels) = self.proxy.max_tunnels_per_identity {
+            if tunnels == 0 {
+                return Err(ConfigError::invalid(
+                    "proxy.max_tunnels_per_identity",
+                    "must be at least 1",
+                ));
+            }
+            if tunnels >= self.proxy.max_connections {
+                return Err(ConfigError::invalid(
+                    "proxy.max_tunnels_per_identity",
+                    format!(
+                        "is {tunnels}, but must be below proxy.max_connections ({}): one sandbox holding that many tunnels would leave every other sandbox without a connection. Leave it unset for a quarter of max_connections (at most {DEFAULT_MAX_TUNNELS_PER_IDENTITY}), or set it lower",
+                        self.proxy.max_connections
+                    ),
+                ));
+            }
+        }
         for (key, value) in [
-            (
-                "proxy.max_tunnels_per_identity",
-                self.proxy.max_tunnels_per_identity,
-            ),
             ("api.max_connections", self.api.max_connections),
             (
                 "api.max_connections_per_ip",
@@ -1340,6 +1370,44 @@ mod tests {
         assert!(err.to_string().contains("simulated.p.script[0]"), "{err}");
         let err = Config::from_toml("[create]\nshort_wait = 1\n").unwrap_err();
         assert!(err.to_string().contains("create.short_wait"), "{err}");
+    }
+
+    #[test]
+    fn one_identity_s_tunnels_stay_below_the_connection_cap() {
+        let proxy = |toml: &str| Config::from_toml(&format!("[proxy]\n{toml}")).map(|c| c.proxy);
+        // Derived from max_connections: a quarter, at most 256, at least 1.
+        assert_eq!(proxy("").unwrap().tunnels_per_identity(), 256);
+        assert_eq!(
+            proxy("max_connections = 100")
+                .unwrap()
+                .tunnels_per_identity(),
+            25
+        );
+        assert_eq!(
+            proxy("max_connections = 2").unwrap().tunnels_per_identity(),
+            1
+        );
+        assert_eq!(
+            proxy("max_connections = 100\nmax_tunnels_per_identity = 99")
+                .unwrap()
+                .tunnels_per_identity(),
+            99
+        );
+        for bad in [
+            "max_connections = 100\nmax_tunnels_per_identity = 100",
+            "max_connections = 100\nmax_tunnels_per_identity = 256",
+            "max_tunnels_per_identity = 0",
+        ] {
+            let err = proxy(bad).unwrap_err().to_string();
+            assert!(
+                err.contains("proxy.max_tunnels_per_identity"),
+                "{bad}: {err}"
+            );
+        }
+        let err = proxy("max_connections = 100\nmax_tunnels_per_identity = 100")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("below proxy.max_connections (100)"), "{err}");
     }
 
     #[test]

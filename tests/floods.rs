@@ -189,18 +189,17 @@ async fn connect_from(source: &str, to: SocketAddr) -> std::io::Result<TcpStream
 #[tokio::test]
 async fn upgraded_tunnels_hold_their_connection_permit() {
     let env = start(
-        "max_connections = 12\nmax_tunnels_per_identity = 100",
+        "max_connections = 12\nmax_tunnels_per_identity = 8",
         "",
         None,
     )
     .await;
+    // Each sandbox may hold fewer than `max_connections`: together they fill it.
     let mut open = Vec::new();
-    for _ in 0..12 {
-        open.push(
-            env.tunnel("sb-a", TOKEN)
-                .await
-                .expect("a tunnel under the cap"),
-        );
+    for (id, token, count) in [("sb-a", TOKEN, 8), ("sb-b", TOKEN_B, 4)] {
+        for _ in 0..count {
+            open.push(env.tunnel(id, token).await.expect("a tunnel under the cap"));
+        }
     }
     match env.tunnel("sb-b", TOKEN_B).await {
         Err((503, text)) => assert!(text.contains("overloaded"), "{text}"),
@@ -356,4 +355,98 @@ async fn idle_proxy_connections_are_closed_after_the_header_read_timeout() {
         );
     }
     assert_eq!(env.healthz().await, Ok(200));
+}
+
+/// curl (a real client) through the proxy as `id` to the origin, trusting sandgate's CA:
+/// `(http_code, http_connect)` as curl prints them (`http_code` is `000` when the CONNECT
+/// itself was refused; `http_connect` is the CONNECT's own status), and how long it took.
+async fn curl(env: &Env, id: &str, token: &str) -> (String, String, Duration) {
+    let ca = env._dir.path().join("certs/ca.pem");
+    let proxy = format!("http://{id}:{token}@{}", env.served.proxy);
+    let url = format!("https://api.a.test:{}/normal", env.origin.port());
+    let started = Instant::now();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("curl")
+            .args(["-sS", "-o", "/dev/null", "-m", "10"])
+            .args(["-w", "%{http_code} %{http_connect}"])
+            .arg("--cacert")
+            .arg(&ca)
+            .args(["-x", &proxy, &url])
+            .output()
+            .expect("curl runs")
+    })
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    let out = String::from_utf8_lossy(&output.stdout).to_string();
+    let mut codes = out.split_whitespace();
+    let code = codes.next().unwrap_or("").to_string();
+    let connect = codes.next().unwrap_or("").to_string();
+    eprintln!(
+        "curl as {id}: {out} in {took:?}; {}",
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    (code, connect, took)
+}
+
+/// With only `max_connections` set (100), one sandbox cannot hold every connection: its
+/// share of tunnels is derived from the cap and below it, so it is refused (429, at once)
+/// while another sandbox still gets through promptly; and once the proxy is full, a
+/// connection turned away for capacity gets its 503 promptly, as an answer curl reads.
+#[tokio::test]
+async fn by_default_one_sandbox_cannot_hold_every_connection() {
+    if which("curl").is_none() {
+        assert!(!in_ci(), "curl is needed");
+        eprintln!("SKIPPED: curl is not installed");
+        return;
+    }
+    let env = start("max_connections = 100", "", Some(1024)).await;
+    let mut open = Vec::new();
+    let mut refusal = None;
+    for _ in 0..150 {
+        let started = Instant::now();
+        match env.tunnel("sb-a", TOKEN).await {
+            Ok(tls) => open.push(tls),
+            Err(e) => {
+                refusal = Some((e, started.elapsed()));
+                break;
+            }
+        }
+    }
+    let ((status, text), took) = refusal.expect("sb-a was never refused a tunnel");
+    assert_eq!(
+        status, 429,
+        "sb-a was refused, but not for its own share: {text}"
+    );
+    assert!(text.contains("too_many_tunnels"), "{text}");
+    assert!(took < Duration::from_secs(2), "the 429 took {took:?}");
+    assert_eq!(open.len(), 25, "sb-a's share of max_connections = 100");
+
+    // sb-b: a real client, through at once.
+    let (code, _, took) = curl(&env, "sb-b", TOKEN_B).await;
+    assert_eq!(code, "200");
+    assert!(took < Duration::from_secs(3), "sb-b waited {took:?}");
+    assert_eq!(env.healthz().await, Ok(200));
+    let port = env.origin.port();
+    assert!(request_on(&mut open[24], port)
+        .await
+        .starts_with("HTTP/1.1 200"));
+
+    // Fill the rest with connections that send nothing: now the proxy is full, and sb-b's
+    // CONNECT is answered 503 at once (not reset, not left waiting).
+    let mut idle = Vec::new();
+    for _ in open.len()..100 {
+        idle.push(TcpStream::connect(env.served.proxy).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..3 {
+        let (code, connect, took) = curl(&env, "sb-b", TOKEN_B).await;
+        assert_eq!(
+            (code.as_str(), connect.as_str()),
+            ("000", "503"),
+            "a full proxy must answer 503 to the CONNECT"
+        );
+        assert!(took < Duration::from_secs(3), "the 503 took {took:?}");
+    }
+    drop(idle);
 }

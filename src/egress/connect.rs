@@ -195,7 +195,7 @@ async fn connect(
     };
     outcome.ip = Some(ips[0]);
     outcome.action = Some(decision.action.clone());
-    let max = state.config.max_tunnels_per_identity;
+    let max = state.config.tunnels_per_identity();
     let Some(tunnel_slot) = target.identity.open_tunnel(max) else {
         metrics::counter!("sandgate_proxy_tunnels_refused_total", "limit" => "per_identity")
             .increment(1);
