@@ -1926,12 +1926,12 @@ fn policy_bench(s: &Settings) -> PolicyFigures {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    let ip = Some("127.0.0.1".parse().unwrap());
+    let ips: [std::net::IpAddr; 1] = ["127.0.0.1".parse().unwrap()];
     let build = |host: &str, phase: &str| {
         let destination = destination_value(&Destination {
             host,
             port: 443,
-            ip,
+            ips: &ips,
             scheme: "https",
         });
         let request = (phase == "request").then(|| {

@@ -27,6 +27,10 @@ pub struct Identity {
     pub user: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub allow_domains: Vec<String>,
+    /// The sandbox's `network.cidrs`: addresses it may reach by address (an IP literal, or
+    /// what a name resolves to), as policy input (`input.sandbox.cidrs`); see
+    /// `egress::by_address`.
+    pub cidrs: Vec<ipnet::IpNet>,
     /// Credentials of the workspace (or user) applied to this sandbox's traffic.
     pub bindings: Vec<Binding>,
     token: Vec<u8>,
@@ -72,10 +76,18 @@ impl Identity {
                 .iter()
                 .map(|d| crate::domain::normalize_host(d))
                 .collect(),
+            cidrs: Vec::new(),
             token: token.into(),
             revoked: CancellationToken::new(),
             tunnels: AtomicUsize::new(0),
         }
+    }
+
+    /// The same identity, allowed to reach `cidrs` by address (`network.cidrs` as the
+    /// create body gave them: CIDRs or bare addresses).
+    pub fn with_cidrs(mut self, cidrs: &[String]) -> Identity {
+        self.cidrs = crate::egress::by_address::parse_cidrs(&self.id, cidrs);
+        self
     }
 
     /// Counts one more open tunnel, unless `max` are open already. The tunnel is counted

@@ -71,6 +71,9 @@ cgroup = "sandgate-ltest"
         hosts: vec![
             ("api.allowed.test", "127.0.0.1"),
             ("api.denied.test", "127.0.0.1"),
+            // Names for `network.cidrs`: one inside 127.0.0.2/32, one outside it.
+            ("inside.cidr.test", "127.0.0.2"),
+            ("outside.cidr.test", "127.0.0.3"),
         ],
         upstream_ca: Some(ca.pem_path.clone()),
         extra_policies,
@@ -1145,4 +1148,109 @@ deny contains "workspace ws-a never pauses its sandboxes" if input.operation == 
     }
     let denied = denied.expect("exec kept working without an action policy");
     assert_eq!(denied["error"]["code"], "policy_denied", "{denied}");
+}
+
+/// `network.cidrs` is enforced: a sandbox given `127.0.0.2/32` reaches an origin on
+/// 127.0.0.2 by its address (HTTPS through CONNECT, and plain HTTP) and by a name that
+/// resolves there, and is refused 127.0.0.3 both ways; the decision records carry the
+/// address. The private-address guard still applies: a metadata address listed in `cidrs`
+/// stays refused.
+#[tokio::test]
+async fn network_cidrs_are_enforced_on_ip_literals_and_resolved_addresses() {
+    let Some(env) = start("network_cidrs", vec![]).await else {
+        return;
+    };
+    let tls_origin = start_origin_at(
+        "127.0.0.2",
+        Some(env._ca.server_config(&["127.0.0.2", "inside.cidr.test"])),
+    )
+    .await;
+    let plain_origin = start_origin_at("127.0.0.2", None).await;
+    let sandbox = env
+        .create(
+            TOKEN_A,
+            json!({"network": {"cidrs": ["127.0.0.2/32", "169.254.169.254"]}}),
+        )
+        .await;
+    let id = sandbox["id"].as_str().unwrap();
+    let status = |url: String| {
+        format!("curl -sS -o /dev/null -m 10 -w '%{{http_code}} %{{http_connect}}' {url}")
+    };
+
+    // Inside the CIDR: by address and by a name resolving into it, HTTPS and plain HTTP.
+    for url in [
+        format!("https://127.0.0.2:{}/by-address", tls_origin.port()),
+        format!("https://inside.cidr.test:{}/by-name", tls_origin.port()),
+        format!("http://127.0.0.2:{}/plain-by-address", plain_origin.port()),
+        format!(
+            "http://inside.cidr.test:{}/plain-by-name",
+            plain_origin.port()
+        ),
+    ] {
+        let (out, err, _) = env.sh(id, &status(url.clone())).await;
+        assert!(out.starts_with("200"), "{url}: {out} {err}");
+    }
+    assert_eq!(tls_origin.count(), 2);
+    assert_eq!(plain_origin.count(), 2);
+
+    // Outside it: refused, by address and by name, and nothing is forwarded.
+    for (url, code) in [
+        (
+            format!("https://127.0.0.3:{}/x", tls_origin.port()),
+            "000 403",
+        ),
+        (
+            format!("https://outside.cidr.test:{}/x", tls_origin.port()),
+            "000 403",
+        ),
+        (
+            format!("http://127.0.0.3:{}/x", plain_origin.port()),
+            "403 000",
+        ),
+    ] {
+        let (out, err, _) = env.sh(id, &status(url.clone())).await;
+        assert_eq!(out, code, "{url}: {err}");
+    }
+    // A metadata address stays refused by the address guard, whatever `cidrs` lists.
+    let (out, err, _) = env
+        .sh(id, &status("https://169.254.169.254:443/latest".into()))
+        .await;
+    assert_eq!(out, "000 403", "{err}");
+    assert_eq!(tls_origin.count(), 2);
+    assert_eq!(plain_origin.count(), 2);
+
+    // The decision records carry the address, for IP literals and resolved names alike.
+    let records = env.gw.decisions(9).await;
+    let find = |host: &str, phase: &str| {
+        records
+            .iter()
+            .filter(|r| r["sandbox"] == id && r["host"] == host && r["phase"] == phase)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    for (host, phase, decision, ip) in [
+        ("127.0.0.2", "connect", "allow", "127.0.0.2"),
+        ("inside.cidr.test", "connect", "allow", "127.0.0.2"),
+        ("127.0.0.2", "request", "allow", "127.0.0.2"),
+        ("inside.cidr.test", "request", "allow", "127.0.0.2"),
+        ("127.0.0.3", "connect", "deny", "127.0.0.3"),
+        ("outside.cidr.test", "connect", "deny", "127.0.0.3"),
+        ("127.0.0.3", "request", "deny", "127.0.0.3"),
+        ("169.254.169.254", "connect", "deny", "169.254.169.254"),
+    ] {
+        let found = find(host, phase);
+        assert!(
+            found
+                .iter()
+                .any(|r| r["decision"] == decision && r["ip"] == ip),
+            "{host} {phase}: want {decision} with ip {ip}: {found:#?}"
+        );
+    }
+    let metadata = find("169.254.169.254", "connect");
+    assert!(
+        metadata
+            .iter()
+            .all(|r| r["code"] == "destination_forbidden"),
+        "{metadata:#?}"
+    );
 }

@@ -172,8 +172,21 @@ fn input(rng: &mut Rng, layer: &str) -> J {
             allow_domains.push(d);
         }
     }
+    // `network.cidrs`, and the addresses a destination resolved to (the bundled egress
+    // policy allows by address with net.cidr_contains under `every`).
+    let cidrs = if rng.chance(50) {
+        json!(["10.1.0.0/16", "192.0.2.7/32"])
+    } else {
+        json!([])
+    };
+    let ips = *rng.pick(&[
+        &[][..],
+        &["10.1.2.3"][..],
+        &["192.0.2.7", "10.1.9.9"][..],
+        &["10.1.0.1", "10.2.0.1"][..],
+    ]);
     let sandbox = json!({"id": "sb-1", "workspace": ws, "labels": labels,
-                         "allow_domains": allow_domains, "state": "running",
+                         "allow_domains": allow_domains, "cidrs": cidrs, "state": "running",
                          "pool": "pool-a", "provider": "sim", "account": "acct-a"});
     let phase = *rng.pick(&["connect", "request"]);
     let mut input = match layer {
@@ -181,7 +194,8 @@ fn input(rng: &mut Rng, layer: &str) -> J {
             let mut i = json!({
                 "phase": phase,
                 "sandbox": sandbox,
-                "destination": {"host": host, "port": *rng.pick(&[443, 443, 80, 8443]), "ip": null,
+                "destination": {"host": host, "port": *rng.pick(&[443, 443, 80, 8443]),
+                                "ip": ips.first(), "ips": ips,
                                 "scheme": if phase == "connect" { "connect" } else { "https" },
                                 "match_names": match_names},
                 "credential": {"name": "gh", "workspace": credential_ws, "user": null,

@@ -2130,6 +2130,7 @@ impl Coordinator {
                 body.request.network.allow_domains.clone(),
                 body.request.labels.clone(),
             )
+            .with_cidrs(&body.request.network.cidrs)
         };
         match make().bind(None, &body.credentials, &self.deps.credentials, |i| {
             format!("credentials[{i}]")

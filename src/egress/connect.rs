@@ -3,8 +3,10 @@
 //!
 //! CONNECT phases, in order: the destination host may not carry a placeholder (refused
 //! before any lookup) → `sandgate.egress` on the name, unresolved (a refused name is never
-//! looked up) → resolve once and vet every address with the real port → record → the tunnel
-//! ([`super::tunnel`]) with those vetted addresses.
+//! looked up; an IP literal is its own address), and for a sandbox with `network.cidrs`
+//! whose name was refused for want of an allow, once more with its resolved addresses
+//! ([`super::by_address`]) → resolve once and vet every address with the real port → record
+//! → the tunnel ([`super::tunnel`]) with those vetted addresses.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use hyper::body::Incoming;
 use tracing::Instrument;
 
 use super::body::{full, reply, ProxyBody};
+use super::by_address;
 use super::decision::{
     egress_denied, placeholder_in_destination, record, record_unidentified, resolve_error,
     sandbox_inactive, Outcome,
@@ -26,7 +29,9 @@ use super::{forward, tunnel};
 use crate::credentials::scan;
 use crate::error::ErrorReply;
 use crate::identity::Identity;
+use crate::net::ResolveError;
 use crate::policy::input::{destination_value, egress_input, Destination};
+use crate::policy::Decision;
 
 pub(crate) async fn proxy_request(
     state: Arc<EgressState>,
@@ -162,36 +167,39 @@ async fn connect(
     if scan::mentions_placeholder(target.host.as_bytes()) {
         return refuse_placeholder_host(&state, &target, "CONNECT", started);
     }
-    // Decide on the name before resolving it: a refused name is never looked up.
-    let literal_ip = target.host.parse::<IpAddr>().ok();
-    let input = egress_input(
-        "connect",
-        target.sandbox.clone(),
-        destination_value(&Destination {
-            host: &target.host,
-            port: target.port,
-            ip: literal_ip,
-            scheme: "connect",
-        }),
-        None,
-    );
-    let decision = state.policy.evaluate("egress", input);
+    // Decide on the name before resolving it: a refused name is never looked up, unless
+    // the sandbox may reach addresses (`network.cidrs`) and only a missing allow refused it
+    // (see `by_address`).
+    let literal_ip = by_address::literal(&target.host);
+    let literal_ips: Vec<IpAddr> = literal_ip.into_iter().collect();
+    let mut decision = evaluate_connect(&state, &target, &literal_ips);
     let mut outcome = Outcome::new("connect", "connect", "CONNECT", None);
+    // An IP literal is the address from the start, refused or not.
+    outcome.ip = literal_ip;
     outcome.generation = decision.generation;
+    let mut resolved = None;
+    if by_address::ask_again_with_addresses(&target.identity, literal_ip, &decision) {
+        let ips = match state.resolver.resolve(&target.host, target.port).await {
+            Ok(ips) => ips,
+            Err(e) => return refuse_resolve(&state, &target, outcome, &e, started),
+        };
+        decision = evaluate_connect(&state, &target, &ips);
+        outcome.ip = Some(ips[0]);
+        outcome.generation = decision.generation;
+        resolved = Some(ips);
+    }
     if !decision.allowed {
         let error = egress_denied(&target, &decision.reasons);
         outcome.deny(&error, decision.reasons.clone());
         record(&state, &target, outcome, started);
         return reply(&error);
     }
-    let ips = match state.resolver.resolve(&target.host, target.port).await {
-        Ok(ips) => ips,
-        Err(e) => {
-            let error = resolve_error(&target, &e);
-            outcome.deny(&error, vec![e.to_string()]);
-            record(&state, &target, outcome, started);
-            return reply(&error);
-        }
+    let ips = match resolved {
+        Some(ips) => ips,
+        None => match state.resolver.resolve(&target.host, target.port).await {
+            Ok(ips) => ips,
+            Err(e) => return refuse_resolve(&state, &target, outcome, &e, started),
+        },
     };
     outcome.ip = Some(ips[0]);
     outcome.action = Some(decision.action.clone());
@@ -224,6 +232,40 @@ async fn connect(
         .instrument(tracing::Span::current()),
     );
     Response::new(full(bytes::Bytes::new()))
+}
+
+/// `sandgate.egress` at the connect phase, on the name and the addresses known so far
+/// (none for a name not yet resolved).
+fn evaluate_connect(state: &EgressState, target: &Target, ips: &[IpAddr]) -> Decision {
+    let input = egress_input(
+        "connect",
+        target.sandbox.clone(),
+        destination_value(&Destination {
+            host: &target.host,
+            port: target.port,
+            ips,
+            scheme: "connect",
+        }),
+        None,
+    );
+    state.policy.evaluate("egress", input)
+}
+
+/// A destination that does not resolve, or resolves to an address the guard refuses.
+fn refuse_resolve(
+    state: &EgressState,
+    target: &Target,
+    mut outcome: Outcome,
+    e: &ResolveError,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let error = resolve_error(target, e);
+    if let ResolveError::Forbidden { ip, .. } = e {
+        outcome.ip = Some(*ip);
+    }
+    outcome.deny(&error, vec![e.to_string()]);
+    record(state, target, outcome, started);
+    reply(&error)
 }
 
 fn too_many_tunnels(target: &Target, max: usize) -> ErrorReply {

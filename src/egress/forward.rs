@@ -37,6 +37,7 @@ use serde_json::json;
 use super::body::{
     full, reply, BoxError, GuardedRequest, ProxyBody, ResignedChunks, ScrubbedResponse,
 };
+use super::by_address;
 use super::decision::{
     egress_denied, reasons_of, record, resolve_error, sandbox_inactive, Outcome,
 };
@@ -76,7 +77,7 @@ impl Vetted {
         let destination = destination_value(&Destination {
             host: &target.host,
             port: target.port,
-            ip: Some(ips[0]),
+            ips: &ips,
             scheme,
         });
         let upstream = state.upstreams.for_addrs(&ips, target.port);
@@ -163,7 +164,11 @@ pub(crate) async fn handle(
         req.method().as_str(),
         Some(canonical.path_and_query.clone()),
     );
-    outcome.ip = vetted.as_ref().map(|v| v.ips[0]);
+    // A tunnel's vetted address, or an absolute-form IP literal's own.
+    outcome.ip = match &vetted {
+        Some(v) => Some(v.ips[0]),
+        None => by_address::literal(&target.host),
+    };
     outcome.generation = state.policy.generation();
     let mut ctx = Ctx {
         state,
@@ -184,7 +189,7 @@ pub(crate) async fn handle(
 
 async fn run(ctx: &mut Ctx, mut req: Request<Incoming>) -> Phase<Response<ProxyBody>> {
     admit(ctx, &req)?;
-    let destination = request_policy(ctx, &req)?;
+    let destination = request_policy(ctx, &req).await?;
     let vetted = resolve(ctx).await?;
     let h2 = websocket::is_h2_websocket(&req);
     // The client side of an upgrade (h1 `Upgrade` or h2 extended CONNECT).
@@ -217,33 +222,66 @@ fn admit(ctx: &Ctx, req: &Request<Incoming>) -> Phase<()> {
 }
 
 /// Phase 2. Returns the destination part of the input, which credential decisions reuse.
-fn request_policy(ctx: &mut Ctx, req: &Request<Incoming>) -> Phase<regorus::Value> {
-    let destination = match &ctx.vetted {
-        Some(v) => v.destination.clone(),
-        None => destination_value(&Destination {
-            host: &ctx.target.host,
-            port: ctx.target.port,
-            ip: None,
-            scheme: ctx.scheme,
-        }),
+/// An absolute-form request to a name is decided on the name alone, unless the sandbox may
+/// reach addresses (`network.cidrs`): then a name refused for want of an allow is resolved
+/// (phase 3 early) and decided again with its addresses (see `by_address`).
+async fn request_policy(ctx: &mut Ctx, req: &Request<Incoming>) -> Phase<regorus::Value> {
+    let literal = match &ctx.vetted {
+        Some(_) => None,
+        None => by_address::literal(&ctx.target.host),
     };
-    let input = egress_input(
-        "request",
-        ctx.target.sandbox.clone(),
-        destination.clone(),
-        Some(request_value(&RequestFacts {
-            method: websocket::forwarded_method(req),
-            path: &ctx.path,
-            headers: req.headers(),
-        })),
-    );
-    let decision = ctx.state.policy.evaluate("egress", input);
+    let destination = destination_so_far(ctx, literal);
+    let mut decision = evaluate_request(ctx, req, destination.clone());
+    let destination = if ctx.vetted.is_none()
+        && by_address::ask_again_with_addresses(&ctx.target.identity, literal, &decision)
+    {
+        let vetted = resolve(ctx).await?;
+        decision = evaluate_request(ctx, req, vetted.destination.clone());
+        vetted.destination.clone()
+    } else {
+        destination
+    };
     ctx.outcome.generation = decision.generation;
     if !decision.allowed {
         let error = egress_denied(&ctx.target, &decision.reasons);
         return Err(Stop::Deny(error, decision.reasons));
     }
     Ok(destination)
+}
+
+/// The destination part of the input with what is known before resolving: a tunnel's
+/// vetted addresses, an IP literal's own, or none.
+fn destination_so_far(ctx: &Ctx, literal: Option<IpAddr>) -> regorus::Value {
+    match &ctx.vetted {
+        Some(v) => v.destination.clone(),
+        None => {
+            let ips: Vec<IpAddr> = literal.into_iter().collect();
+            destination_value(&Destination {
+                host: &ctx.target.host,
+                port: ctx.target.port,
+                ips: &ips,
+                scheme: ctx.scheme,
+            })
+        }
+    }
+}
+
+fn evaluate_request(
+    ctx: &Ctx,
+    req: &Request<Incoming>,
+    destination: regorus::Value,
+) -> crate::policy::Decision {
+    let input = egress_input(
+        "request",
+        ctx.target.sandbox.clone(),
+        destination,
+        Some(request_value(&RequestFacts {
+            method: websocket::forwarded_method(req),
+            path: &ctx.path,
+            headers: req.headers(),
+        })),
+    );
+    ctx.state.policy.evaluate("egress", input)
 }
 
 /// Phase 3.
@@ -254,10 +292,17 @@ async fn resolve(ctx: &mut Ctx) -> Phase<Arc<Vetted>> {
     let target = &ctx.target;
     let ips = match ctx.state.resolver.resolve(&target.host, target.port).await {
         Ok(ips) => ips,
-        Err(e) => return Err(Stop::Deny(resolve_error(target, &e), vec![e.to_string()])),
+        Err(e) => {
+            if let crate::net::ResolveError::Forbidden { ip, .. } = &e {
+                ctx.outcome.ip = Some(*ip);
+            }
+            return Err(Stop::Deny(resolve_error(target, &e), vec![e.to_string()]));
+        }
     };
     let vetted = Arc::new(Vetted::new(&ctx.state, target, ctx.scheme, ips));
     ctx.outcome.ip = Some(vetted.ips[0]);
+    // Kept, so phase 3 proper does not resolve again.
+    ctx.vetted = Some(vetted.clone());
     Ok(vetted)
 }
 

@@ -5,8 +5,9 @@
 //! - [`connect`]: identify the sandbox from `Proxy-Authorization` (or the listener), 407
 //!   otherwise; take the destination from the CONNECT authority or the absolute URI, never
 //!   from a Host header; a destination name carrying a placeholder is refused unresolved;
-//!   egress policy on the name (a refused name is never resolved); resolve once and vet every
-//!   address with its real port;
+//!   egress policy on the name (a refused name is never resolved, except as [`by_address`]
+//!   says for a sandbox given `network.cidrs`); resolve once and vet every address with its
+//!   real port;
 //! - [`tunnel`]: for CONNECT, sniff the tunnel: TLS is terminated with a minted leaf (SNI
 //!   must equal the CONNECT host), plain HTTP is served as is, and anything else passes only
 //!   when the policy's action is `tunnel`; the tunnel ends when its identity is revoked;
@@ -23,6 +24,7 @@
 
 mod accept;
 mod body;
+pub(crate) mod by_address;
 mod connect;
 mod decision;
 mod forward;

@@ -6,9 +6,9 @@
 //! ```json
 //! {
 //!   "phase": "connect" | "request",
-//!   "sandbox": {"id", "workspace", "labels": {}, "allow_domains": []},
-//!   "destination": {"host", "port", "ip" (null before resolution), "scheme",
-//!                   "match_names": ["api.x.com", "*.x.com", "*.com"]},
+//!   "sandbox": {"id", "workspace", "labels": {}, "allow_domains": [], "cidrs": ["10.0.0.0/8"]},
+//!   "destination": {"host", "port", "ip" (null before resolution), "ips" ([] before it),
+//!                   "scheme", "match_names": ["api.x.com", "*.x.com", "*.com"]},
 //!   "request": {"method", "path", "headers": {"lower-case-name": "value"}}  // phase request
 //! }
 //! ```
@@ -25,7 +25,9 @@ use crate::identity::Identity;
 pub struct Destination<'a> {
     pub host: &'a str,
     pub port: u16,
-    pub ip: Option<IpAddr>,
+    /// Every address the connection may be dialed on (vetted), in dialing order; empty
+    /// before a name is resolved. An IP literal is its own single address.
+    pub ips: &'a [IpAddr],
     pub scheme: &'a str,
 }
 
@@ -63,6 +65,16 @@ pub fn sandbox_value(identity: &Identity) -> Value {
                     .collect::<Vec<_>>(),
             ),
         ),
+        (
+            "cidrs",
+            Value::from(
+                identity
+                    .cidrs
+                    .iter()
+                    .map(|net| Value::from(net.to_string()))
+                    .collect::<Vec<_>>(),
+            ),
+        ),
     ])
 }
 
@@ -86,8 +98,19 @@ pub fn destination_value(d: &Destination<'_>) -> Value {
         ("port", Value::from(d.port as u64)),
         (
             "ip",
-            d.ip.map(|ip| Value::from(ip.to_string()))
+            d.ips
+                .first()
+                .map(|ip| Value::from(ip.to_string()))
                 .unwrap_or(Value::Null),
+        ),
+        (
+            "ips",
+            Value::from(
+                d.ips
+                    .iter()
+                    .map(|ip| Value::from(ip.to_string()))
+                    .collect::<Vec<_>>(),
+            ),
         ),
         ("scheme", Value::from(d.scheme)),
         (

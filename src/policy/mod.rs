@@ -82,6 +82,9 @@ pub struct Decision {
     /// When refused, the scope that decided: the first with an explicit deny, else the first
     /// that did not allow (`platform`, or `workspaces/<ws>`).
     pub deny_scope: Option<Arc<str>>,
+    /// Refused only for want of an `allow` (no `deny` entry, no missing layer, no error):
+    /// a fact the input lacked (the egress proxy's resolved address) could still change it.
+    pub default_deny: bool,
 }
 
 /// The platform scope's name.
@@ -681,6 +684,7 @@ fn refusal(reason: String, scope: &Arc<str>) -> Decision {
         eval_time: Duration::ZERO,
         decision_id: None,
         deny_scope: Some(scope.clone()),
+        default_deny: false,
     }
 }
 
@@ -714,6 +718,7 @@ fn compose(
         }
         reasons.extend(scope.deny);
     }
+    let default_deny = !allowed && reasons.is_empty();
     if !allowed {
         if reasons.is_empty() {
             match &missing_allow {
@@ -733,6 +738,7 @@ fn compose(
         eval_time: Duration::ZERO,
         decision_id: None,
         deny_scope: if allowed { None } else { deny_scope },
+        default_deny,
     }
 }
 

@@ -127,8 +127,8 @@ fn egress(ws: &str, host: &str, phase: &str) -> serde_json::Value {
     let mut input = json!({
         "phase": phase,
         "sandbox": {"id": "sb-probe", "workspace": ws, "labels": {},
-                    "allow_domains": ["api.github.com", "*.pypi.org"]},
-        "destination": {"host": host, "port": 443, "ip": null,
+                    "allow_domains": ["api.github.com", "*.pypi.org"], "cidrs": []},
+        "destination": {"host": host, "port": 443, "ip": null, "ips": [],
                         "scheme": if phase == "connect" { "connect" } else { "https" },
                         "match_names": match_names},
         "credential": {"name": "probe", "workspace": ws, "user": null,

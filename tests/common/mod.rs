@@ -188,7 +188,12 @@ impl Origin {
 }
 
 pub async fn start_origin(tls: Option<Arc<rustls::ServerConfig>>) -> Origin {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    start_origin_at("127.0.0.1", tls).await
+}
+
+/// [`start_origin`] on another local address (`127.0.0.2`, ...: all of 127/8 is loopback).
+pub async fn start_origin_at(ip: &str, tls: Option<Arc<rustls::ServerConfig>>) -> Origin {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let connections: Arc<AtomicUsize> = Arc::default();
