@@ -61,6 +61,8 @@
 //! * stop keeps files and the listener; start brings a fresh init. pause freezes every
 //!   process (needs the freezer, else [`LocalboxError::Unsupported`]). delete kills
 //!   everything, removes the cgroups, the network namespace and the directory.
+//! * [`LocalRuntime::usage`] reads what a sandbox uses now (CPU, memory, disk) from its
+//!   cgroups, `/proc` standing in where they lack a figure (see `usage`).
 //! * A snapshot is a tar of `/home/user` and `/tmp`; [`SandboxSpec::from_snapshot`]
 //!   restores one into a new sandbox, extracted *inside* that sandbox as its user so a
 //!   crafted archive cannot write outside it.
@@ -71,6 +73,7 @@
 mod cgroup;
 mod exec;
 mod fs;
+mod usage;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsRawFd;
@@ -86,6 +89,7 @@ use tokio::process::Command;
 
 pub use cgroup::CgroupMode;
 pub use exec::{ExecCanceller, ExecEvent, ExecHandle, ExecOutput, ExitInfo, ExitReason};
+pub use usage::Usage;
 
 /// The variables that carry the path of the gateway CA inside the sandbox.
 pub const CA_ENV_VARS: [&str; 7] = [

@@ -15,6 +15,8 @@
 //! - Instances do not survive a gateway restart: the runtime's processes die with it, and
 //!   the next start removes what is left ([`LocalProvider::new`] purges orphans), so `get`
 //!   answers `None` for them.
+//! - `usage` (E2B's `get_metrics`) reads the sandbox's cgroups, `/proc` standing in where
+//!   they lack a figure ([`LocalRuntime::usage`]).
 //! - Snapshots are tar files `<snapshot_dir>/<snap id>.tar`; `create` with a snapshot
 //!   restores it inside the new sandbox.
 
@@ -25,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use super::ops::{ExecSpec, ExecStream, Lifecycle, OpError, OpErrorKind, SandboxEntry};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, Provider, ProviderError,
-    RuntimeCapabilities, SnapshotInfo, Tags,
+    RuntimeCapabilities, SnapshotInfo, Tags, Usage,
 };
 use crate::egress::EgressState;
 use crate::localbox::{
@@ -368,6 +370,10 @@ impl Provider for LocalProvider {
             }
             Ok(())
         })
+    }
+
+    fn usage<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<Usage, OpError>> {
+        Box::pin(async move { Ok(self.runtime.usage(instance_id).await?) })
     }
 
     fn snapshot<'a>(

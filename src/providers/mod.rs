@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use sandgate_router::Request;
 
-pub use ops::{ExecSpec, ExecStream, OpError, OpErrorKind, SandboxEntry, SnapshotInfo};
+pub use ops::{ExecSpec, ExecStream, OpError, OpErrorKind, SandboxEntry, SnapshotInfo, Usage};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -511,6 +511,12 @@ pub trait Provider: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<SnapshotInfo, OpError>> {
         let _ = instance_id;
         Box::pin(async { Err(OpError::unsupported(self.kind(), "snapshot")) })
+    }
+    /// What the instance uses now: CPU, memory and disk (E2B's `get_metrics`). Providers
+    /// that cannot tell answer `unsupported`, which the API reports as 501.
+    fn usage<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<Usage, OpError>> {
+        let _ = instance_id;
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "metrics")) })
     }
     /// Removes a snapshot this provider took (absent: success).
     fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> BoxFuture<'a, Result<(), OpError>> {

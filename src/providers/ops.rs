@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-pub use crate::localbox::{EntryKind, ExecEvent, ExitInfo, ExitReason};
+pub use crate::localbox::{EntryKind, ExecEvent, ExitInfo, ExitReason, Usage};
 
 /// One command to run.
 #[derive(Debug, Clone, Default)]
