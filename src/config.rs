@@ -714,6 +714,11 @@ pub struct E2bConfig {
     /// `templateID` → what to create. A template not listed here is refused, except
     /// `base` (the SDKs' default), which creates the pool's default source.
     pub templates: BTreeMap<String, E2bTemplate>,
+    /// The egress allow list (domains, `*.suffix` patterns, addresses or CIDRs) a sandbox
+    /// created through the facade gets when the SDK's create says nothing about the network:
+    /// sandgate sandboxes reach nothing by default, E2B's reach everything. A template's
+    /// `allow_out` wins over the API key's, which wins over this one. Empty: nothing.
+    pub allow_out: Vec<String>,
 }
 
 impl E2bConfig {
@@ -734,6 +739,24 @@ impl E2bConfig {
                 ));
             }
         }
+        let lists = std::iter::once(("e2b.allow_out".to_string(), Some(&self.allow_out)))
+            .chain(
+                self.api_keys
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| (format!("e2b.api_keys[{i}].allow_out"), k.allow_out.as_ref())),
+            )
+            .chain(self.templates.iter().map(|(name, t)| {
+                (
+                    format!("e2b.templates.{name}.allow_out"),
+                    t.allow_out.as_ref(),
+                )
+            }));
+        for (key, list) in lists {
+            if let Some(message) = list.and_then(|l| allow_out_problem(l)) {
+                return Err(ConfigError::invalid(key, message));
+            }
+        }
         if sandgate_router::check_text(&self.domain, 253, false).is_some()
             || self.domain.is_empty()
             || self.domain.contains(['/', ':', ' '])
@@ -742,6 +765,29 @@ impl E2bConfig {
         }
         Ok(())
     }
+}
+
+/// What is wrong with an `allow_out` list, if anything: at most 256 entries, each a host
+/// name, a `*.suffix` pattern, an address or a CIDR (what a create's `network` takes; the
+/// create checks the rest of its rules).
+fn allow_out_problem(list: &[String]) -> Option<String> {
+    if list.len() > 256 {
+        return Some("at most 256 entries".into());
+    }
+    list.iter().enumerate().find_map(|(i, entry)| {
+        let address =
+            entry.parse::<std::net::IpAddr>().is_ok() || entry.parse::<ipnet::IpNet>().is_ok();
+        let host = entry.strip_prefix("*.").unwrap_or(entry);
+        let name = !host.is_empty()
+            && host.len() <= 253
+            && host.split('.').all(|l| {
+                !l.is_empty()
+                    && l.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            });
+        (!address && !name)
+            .then(|| format!("entry {i} must be a host name, `*.suffix`, an IP address or a CIDR"))
+    })
 }
 
 /// `e2b_` and 20 to 128 hex digits: E2B's API key format.
@@ -759,6 +805,7 @@ impl Default for E2bConfig {
             api_keys: Vec::new(),
             generate_local_key: true,
             templates: BTreeMap::new(),
+            allow_out: Vec::new(),
         }
     }
 }
@@ -777,6 +824,10 @@ pub struct E2bKeyConfig {
     pub workspace: String,
     #[serde(default)]
     pub roles: Vec<String>,
+    /// The default egress allow list of sandboxes this key creates without a network
+    /// (replaces `[e2b] allow_out`; a template's own wins over it).
+    #[serde(default)]
+    pub allow_out: Option<Vec<String>>,
 }
 
 /// What one E2B `templateID` creates: the create body's `source`, and optionally a pinned
@@ -790,6 +841,10 @@ pub struct E2bTemplate {
     pub provider: Option<String>,
     #[serde(default)]
     pub resources: Option<sandgate_router::Resources>,
+    /// The default egress allow list of this template's sandboxes created without a network
+    /// (wins over the API key's and `[e2b] allow_out`; `[]`: nothing).
+    #[serde(default)]
+    pub allow_out: Option<Vec<String>>,
 }
 
 /// `Authorization: Bearer <token>` → principal.
@@ -1408,6 +1463,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("below proxy.max_connections (100)"), "{err}");
+    }
+
+    #[test]
+    fn e2b_allow_out_lists_are_checked_where_they_are_set() {
+        let ok =
+            "[e2b]\nallow_out = [\"pypi.org\", \"*.pythonhosted.org\", \"10.0.0.0/8\", \"::1\"]\n\
+                  [e2b.templates.offline]\nallow_out = []\n";
+        Config::from_toml(ok).unwrap();
+        for (toml, key) in [
+            ("[e2b]\nallow_out = [\"a b\"]\n", "e2b.allow_out"),
+            (
+                "[e2b.templates.t]\nallow_out = [\"https://x.test/\"]\n",
+                "e2b.templates.t.allow_out",
+            ),
+            (
+                "[[e2b.api_keys]]\nkey_env = \"K\"\nprincipal = \"p\"\nworkspace = \"w\"\nallow_out = [\"\"]\n",
+                "e2b.api_keys[0].allow_out",
+            ),
+        ] {
+            let err = Config::from_toml(toml).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
     }
 
     #[test]

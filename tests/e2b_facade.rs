@@ -84,7 +84,25 @@ struct Env {
     _ca: TestCa,
 }
 
+/// The lifecycle policy the gaps test meets: metrics and snapshots of a sandbox labelled
+/// `ops = "forbidden"` are refused.
+const LIFECYCLE: &str = r#"package sandgate.lifecycle
+
+import rego.v1
+
+deny contains "the E2B facade test forbids this sandbox's metrics and snapshots" if {
+	input.operation in {"metrics", "snapshot"}
+	input.sandbox.labels.ops == "forbidden"
+}
+"#;
+
 async fn start(test: &str, pools: &str) -> Option<Env> {
+    start_with(test, pools, "", "").await
+}
+
+/// [`start`], with `e2b_keys` added to `[e2b]` itself and `e2b_tables` (more API keys,
+/// templates) after the test's key.
+async fn start_with(test: &str, pools: &str, e2b_keys: &str, e2b_tables: &str) -> Option<Env> {
     if !root_or_skip(&format!("e2b_facade::{test}")) {
         return None;
     }
@@ -104,10 +122,12 @@ workspace = "ws-a"
 
 [e2b]
 listen = "127.0.0.1:0"
+{e2b_keys}
 [[e2b.api_keys]]
 key = "{E2B_KEY}"
 principal = "alice"
 workspace = "ws-a"
+{e2b_tables}
 
 [create]
 janitor_interval_ms = 250
@@ -130,6 +150,7 @@ cgroup = "sandgate-etest"
         extra_policies: vec![
             ("facade_action.rego", POLICIES.to_string()),
             ("facade_creation.rego", CREATION.to_string()),
+            ("facade_lifecycle.rego", LIFECYCLE.to_string()),
         ],
         extra_toml,
         ..GatewayOptions::default()
@@ -632,4 +653,194 @@ async fn envd_speaks_connect_streams_to_raw_clients_and_refuses_what_it_must() {
         1,
         "only the first sandbox exists: {listed}"
     );
+}
+
+// ------------------------------------------------ the gaps the SDK hit (issue 25 item 13)
+
+/// A second key of the same principal, for per-key defaults.
+const E2B_KEY2: &str = "e2b_fedcba9876543210fedcba9876543210fedcba98";
+
+/// Runs one part of `tests/sdk/e2b_facade_gaps.py` against the facade.
+async fn run_gaps(env: &Env, python: &Path, part: &str, extra: &[(&str, String)]) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/e2b_facade_gaps.py");
+    let mut command = tokio::process::Command::new(python);
+    command.arg(&script).env("FACADE_GAPS", part);
+    run_driver(env, command, E2B_SDK_VERSION, extra).await
+}
+
+/// A sandbox made with a raw create, and its envd token.
+async fn raw_sandbox(env: &Env, http: &reqwest::Client) -> (String, String) {
+    let base = format!("http://{}", env.gw.server.e2b_addr().unwrap());
+    let created: Value = http
+        .post(format!("{base}/v2/sandboxes"))
+        .header("X-API-Key", E2B_KEY)
+        .json(&serde_json::json!({"templateID": "base", "timeout": 120}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (
+        created["sandboxID"].as_str().unwrap().to_string(),
+        created["envdAccessToken"].as_str().unwrap().to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_writes_gzip_and_a_gzip_bomb_is_refused() {
+    let Some(python) = python_or_skip("gzip") else {
+        return;
+    };
+    let Some(env) = start("gzip", "").await else {
+        return;
+    };
+    let result = run_gaps(&env, &python, "gzip", &[]).await;
+    assert_eq!(result["sdk"], E2B_SDK_VERSION);
+
+    // What the SDK never sends, raw: a body that is not gzip, an encoding envd does not take.
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let (id, token) = raw_sandbox(&env, &http).await;
+    let base = format!("http://{}", env.gw.server.e2b_addr().unwrap());
+    let upload = |path: &str, encoding: &str, body: Vec<u8>| {
+        http.post(format!("{base}/files?path={path}"))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &token)
+            .header("Content-Type", "application/octet-stream")
+            .header("Content-Encoding", encoding)
+            .body(body)
+    };
+    for (encoding, body, status) in [
+        ("gzip", b"plainly not gzip".to_vec(), 400),
+        ("br", b"x".to_vec(), 400),
+    ] {
+        let response = upload("/home/user/raw.bin", encoding, body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), status, "{encoding}");
+        let body: Value = response.json().await.unwrap();
+        assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    // A bomb from a raw client too: 8 KiB on the wire, 65 MiB inflated.
+    let bomb = {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        for _ in 0..65 {
+            gz.write_all(&vec![0u8; 1 << 20]).unwrap();
+        }
+        gz.finish().unwrap()
+    };
+    assert!(bomb.len() < 128 << 10, "{}", bomb.len());
+    let response = upload("/home/user/raw.bin", "gzip", bomb)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let read = http
+        .get(format!("{base}/files?path=/home/user/raw.bin"))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), 404, "nothing was written");
+    assert!(requests(&env, "envd", "/files", 413).await >= 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_metrics_and_network_update_answer_what_the_sdk_expects() {
+    let Some(python) = python_or_skip("ops") else {
+        return;
+    };
+    let Some(env) = start("ops", "").await else {
+        return;
+    };
+    let result = run_gaps(&env, &python, "ops", &[]).await;
+    let snapshot = result["snapshot"].as_str().unwrap();
+    // The snapshot is sandgate's, and the SDK's create from it restored it.
+    let restored = view(&env, result["restored"].as_str().unwrap()).await;
+    assert_eq!(restored["request"]["snapshot"], snapshot, "{restored:#}");
+    // Snapshot and metrics were lifecycle decisions, as the sandbox's creator.
+    let id = result["sandbox"].as_str().unwrap();
+    let decisions = env.gw.policy_decisions("lifecycle", 1).await;
+    for operation in ["snapshot", "metrics"] {
+        assert!(
+            decisions.iter().any(|d| d["input"]["sandbox"]["id"] == id
+                && d["input"]["operation"] == operation
+                && d["input"]["principal"]["principal"] == "alice"),
+            "no {operation} decision for {id}"
+        );
+    }
+    assert!(requests(&env, "control", "/sandboxes/{id}/network", 501).await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_info_returns_the_network_and_resources_that_were_set() {
+    let Some(python) = python_or_skip("info") else {
+        return;
+    };
+    let templates = "[e2b.templates.sized]\nresources = { cpu = 1, memory_mb = 256 }\n";
+    let Some(env) = start_with("info", "", "", templates).await else {
+        return;
+    };
+    let result = run_gaps(
+        &env,
+        &python,
+        "info",
+        &[("FACADE_TEMPLATE", "sized".into())],
+    )
+    .await;
+    let sized = view(&env, result["sized"].as_str().unwrap()).await;
+    assert_eq!(sized["request"]["resources"]["memory_mb"], 256, "{sized:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_facade_default_egress_follows_the_api_key_or_template() {
+    let Some(python) = python_or_skip("default_egress") else {
+        return;
+    };
+    let keys = r#"allow_out = ["api.allowed.test"]"#;
+    let tables = format!(
+        r#"
+[[e2b.api_keys]]
+key = "{E2B_KEY2}"
+principal = "alice"
+workspace = "ws-a"
+allow_out = ["api.denied.test"]
+
+[e2b.templates.closed]
+allow_out = []
+"#
+    );
+    let Some(env) = start_with("default_egress", "", keys, &tables).await else {
+        return;
+    };
+    let url = |host: &str| format!("https://{host}:{}/", env.origin.port());
+    let result = run_gaps(
+        &env,
+        &python,
+        "egress",
+        &[
+            ("FACADE_ALLOWED_URL", url("api.allowed.test")),
+            ("FACADE_DENIED_URL", url("api.denied.test")),
+            ("FACADE_OTHER_KEY", E2B_KEY2.into()),
+            ("FACADE_CLOSED_TEMPLATE", "closed".into()),
+        ],
+    )
+    .await;
+    // The three requests the sandboxes' lists allowed reached the origin; none other did.
+    assert_eq!(env.origin.count(), 3);
+    for (sandbox, domains) in [
+        ("default", serde_json::json!(["api.allowed.test"])),
+        ("key", serde_json::json!(["api.denied.test"])),
+        ("template", serde_json::json!([])),
+        ("explicit", serde_json::json!(["api.denied.test"])),
+    ] {
+        let v = view(&env, result[sandbox].as_str().unwrap()).await;
+        assert_eq!(
+            v["request"]["network"]["allow_domains"], domains,
+            "{sandbox}: {v:#}"
+        );
+    }
 }

@@ -5,7 +5,8 @@
 //!    manage answer the same 404, so ids of other workspaces stay private;
 //! 2. asks policy: `sandgate.action` for exec and files (`exec`, `files.read`,
 //!    `files.write`, `files.list`, `files.delete`, `files.mkdir`), `sandgate.lifecycle`
-//!    for `start`, `stop`, `pause`, `resume`, `snapshot`, `set_timeout` and `delete`; a
+//!    for `start`, `stop`, `pause`, `resume`, `snapshot`, `set_timeout`, `metrics` (the
+//!    E2B facade's `get_metrics`) and `delete`; a
 //!    refusal is 403
 //!    `policy_denied` with the reasons, and nothing is done;
 //! 3. checks the state (`running`, `paused`, `stopped`; else 409 `sandbox_state`);
@@ -948,6 +949,22 @@ pub(crate) async fn set_lifetime(
     state.sandboxes.set_timeout(id, ttl_secs).await
 }
 
+/// Authorizes (`sandgate.lifecycle`, `metrics`) and reads what a live sandbox uses now:
+/// CPU, memory and disk ([`Provider::usage`]; a provider that cannot tell answers 501
+/// `unsupported`). E2B's `get_metrics` through the facade.
+pub(crate) async fn usage(
+    state: &ApiState,
+    caller: &Principal,
+    id: &str,
+) -> Result<crate::providers::Usage, ErrorReply> {
+    let (located, adapter) =
+        authorize(state, caller, id, "lifecycle", "metrics", json!({}), LIVE).await?;
+    adapter
+        .usage(instance(&located))
+        .await
+        .map_err(|e| op_failed(state, id, e))
+}
+
 /// `POST .../snapshot` body (optional; empty = a provider snapshot).
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -1027,81 +1044,88 @@ pub async fn snapshot(
     Path(id): Path<String>,
     RawBody(bytes): RawBody,
 ) -> Response {
-    let result = async {
-        let body = SnapshotBody::parse(&bytes)?;
-        let (located, adapter) = authorize(
-            &state,
-            &caller,
-            &id,
-            "lifecycle",
-            "snapshot",
-            json!({"snapshot": {
-                "kind": body.kind.as_deref().unwrap_or("provider"),
-                "paths": body.paths,
-            }}),
-            LIVE,
-        )
-        .await?;
-        let Some(placement) = located.placement.clone() else {
-            return Err(not_found(&id));
-        };
-        let mut row = crate::store::snapshots::SnapshotRow {
-            id: String::new(),
-            workspace: located.row.workspace.clone(),
-            sandbox_id: id.clone(),
-            pool: placement.pool,
-            provider: placement.provider,
-            size_bytes: 0,
-            created_ms: crate::base::clock::now_ms(),
-            kind: crate::store::snapshots::PROVIDER_SNAPSHOT.into(),
-        };
-        if body.is_filesystem() {
-            let roots = body
-                .paths
-                .clone()
-                .unwrap_or_else(|| vec!["/home/user".into()]);
-            let limits = crate::providers::export::Limits {
-                max_bytes: MAX_EXPORT_BYTES,
-                ..Default::default()
-            };
-            let (archive, summary) = crate::providers::export::export(
-                adapter.as_ref(),
-                instance(&located),
-                &roots,
-                limits,
-            )
-            .await
-            .map_err(|e| op_failed(&state, &id, e))?;
-            row.id = format!("fsx-{}", crate::base::ids::random_hex(12));
-            row.kind = crate::store::snapshots::FILESYSTEM_EXPORT.into();
-            row.size_bytes = archive.len() as i64;
-            state
-                .sandboxes
-                .store()
-                .insert_snapshot(&row, Some(&archive))
-                .await
-                .map_err(|e| crate::create::internal(format!("recording the export: {e}")))?;
-            return Ok(json!({"snapshot": row, "export": summary}));
-        }
-        let info = adapter
-            .snapshot(instance(&located))
-            .await
-            .map_err(|e| op_failed(&state, &id, e))?;
-        row.id = info.id.clone();
-        row.size_bytes = info.size_bytes as i64;
-        if let Err(e) = state.sandboxes.store().insert_snapshot(&row, None).await {
-            let _ = adapter.delete_snapshot(&info.id).await;
-            return Err(crate::create::internal(format!(
-                "recording the snapshot: {e}"
-            )));
-        }
-        Ok(json!({"snapshot": row}))
-    }
-    .await;
+    let result = match SnapshotBody::parse(&bytes) {
+        Ok(body) => take_snapshot(&state, &caller, &id, &body).await,
+        Err(e) => Err(e),
+    };
     match result {
         Ok(body) => (StatusCode::CREATED, Json(body)).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// Authorizes (`sandgate.lifecycle`, `snapshot` with `input.snapshot`) and takes a snapshot
+/// of a live sandbox: `{snapshot: {id, kind, ...}, export?}`. Shared by `/v1` and the E2B
+/// facade's `create_snapshot`.
+pub(crate) async fn take_snapshot(
+    state: &ApiState,
+    caller: &Principal,
+    id: &str,
+    body: &SnapshotBody,
+) -> Result<Value, ErrorReply> {
+    let (located, adapter) = authorize(
+        state,
+        caller,
+        id,
+        "lifecycle",
+        "snapshot",
+        json!({"snapshot": {
+            "kind": body.kind.as_deref().unwrap_or("provider"),
+            "paths": body.paths,
+        }}),
+        LIVE,
+    )
+    .await?;
+    let Some(placement) = located.placement.clone() else {
+        return Err(not_found(id));
+    };
+    let mut row = crate::store::snapshots::SnapshotRow {
+        id: String::new(),
+        workspace: located.row.workspace.clone(),
+        sandbox_id: id.to_string(),
+        pool: placement.pool,
+        provider: placement.provider,
+        size_bytes: 0,
+        created_ms: crate::base::clock::now_ms(),
+        kind: crate::store::snapshots::PROVIDER_SNAPSHOT.into(),
+    };
+    if body.is_filesystem() {
+        let roots = body
+            .paths
+            .clone()
+            .unwrap_or_else(|| vec!["/home/user".into()]);
+        let limits = crate::providers::export::Limits {
+            max_bytes: MAX_EXPORT_BYTES,
+            ..Default::default()
+        };
+        let (archive, summary) =
+            crate::providers::export::export(adapter.as_ref(), instance(&located), &roots, limits)
+                .await
+                .map_err(|e| op_failed(state, id, e))?;
+        row.id = format!("fsx-{}", crate::base::ids::random_hex(12));
+        row.kind = crate::store::snapshots::FILESYSTEM_EXPORT.into();
+        row.size_bytes = archive.len() as i64;
+        state
+            .sandboxes
+            .store()
+            .insert_snapshot(&row, Some(&archive))
+            .await
+            .map_err(|e| crate::create::internal(format!("recording the export: {e}")))?;
+        return Ok(json!({"snapshot": row, "export": summary}));
+    }
+    let info = adapter
+        .snapshot(instance(&located))
+        .await
+        .map_err(|e| op_failed(state, id, e))?;
+    row.id = info.id.clone();
+    row.size_bytes = info.size_bytes as i64;
+    if let Err(e) = state.sandboxes.store().insert_snapshot(&row, None).await {
+        let _ = adapter.delete_snapshot(&info.id).await;
+        return Err(crate::create::internal(format!(
+            "recording the snapshot: {e}"
+        )));
+    }
+    Ok(json!({"snapshot": row}))
 }
 
 /// Delete a snapshot of your workspace.

@@ -70,6 +70,16 @@ pub struct SandboxDetail {
     pub envd_access_token: Option<String>,
     #[serde(default)]
     pub domain: Option<String>,
+    /// Whether the sandbox may reach the internet (`false`: only `network.allowOut`).
+    #[serde(
+        rename = "allowInternetAccess",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub allow_internet_access: Option<bool>,
+    /// The sandbox's egress rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<SandboxNetwork>,
 }
 
 /// `NewSandbox` / `NewSandboxV2`: what `POST /sandboxes` and `POST /v2/sandboxes` take.

@@ -10,15 +10,21 @@
 //! | `POST /sandboxes/{id}/timeout`, `.../refreshes` | `set_timeout` (`ttl_secs`) |
 //! | `POST [/v2]/sandboxes/{id}/connect`, `.../resume` | `resume` (or `start`) when not running, `set_timeout` to extend |
 //! | `POST /sandboxes/{id}/pause` | `pause` |
+//! | `POST /sandboxes/{id}/snapshots` | a provider snapshot (`sandgate.lifecycle` `snapshot`); `Sandbox.create(<its id>)` restores it |
+//! | `GET /sandboxes/{id}/metrics` | one sample of `Provider::usage` (`sandgate.lifecycle` `metrics`) |
+//! | `PUT /sandboxes/{id}/network` | 501: a sandbox's egress is fixed when it is created |
 //!
 //! The create's translation ([`translate`]): `templateID` through `[e2b.templates]` (`base`,
-//! unlisted, is the pool's default source); `metadata` → `labels` (plus `e2b.template`,
-//! reserved); `envVars` → `env`; `timeout` (default 300 s, 15 s on the legacy path) →
-//! `ttl_secs`; `allow_internet_access: false` and `network.denyOut: ["0.0.0.0/0"]` →
-//! egress restricted to `network.allowOut` (domains → `allow_domains`, addresses →
-//! `cidrs`, none → `deny_all`). What sandgate cannot honour (a deny list other than
-//! everything, `autoPause`, MCP, IAM, volumes, ...) is refused with a 400 naming it, never
-//! dropped.
+//! unlisted, is the pool's default source; a sandgate snapshot id, `snap-...` or `fsx-...`,
+//! restores that snapshot); `metadata` → `labels` (plus `e2b.template`, reserved);
+//! `envVars` → `env`; `timeout` (default 300 s, 15 s on the legacy path) → `ttl_secs`;
+//! `allow_internet_access: false` and `network.denyOut: ["0.0.0.0/0"]` → egress restricted
+//! to `network.allowOut` (domains → `allow_domains`, addresses → `cidrs`, none →
+//! `deny_all`). A create that says nothing about egress gets the operator's default allow
+//! list (the template's `allow_out`, else the API key's, else `[e2b] allow_out`): sandgate
+//! sandboxes reach nothing by default, where E2B's reach everything. What sandgate cannot
+//! honour (a deny list other than everything, `autoPause`, MCP, IAM, volumes, ...) is
+//! refused with a 400 naming it, never dropped.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -64,6 +70,12 @@ pub fn routes(state: FacadeState) -> Router {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/snapshots", post(create_snapshot))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(update_network),
+        )
         .fallback(|| async { api_reply(404, None, "no such E2B endpoint on this sandgate") })
         .method_not_allowed_fallback(|| async {
             api_reply(405, None, "this E2B endpoint does not take this method")
@@ -177,7 +189,9 @@ async fn create(
         Ok(new) => new,
         Err(e) => return bad_request(format!("Error when parsing request: {e}")),
     };
-    let translated = match translate(&new, default_timeout, &state.templates) {
+    let key = headers.get("x-api-key").map(|v| v.as_bytes());
+    let allow_out = state.default_allow_out(key);
+    let translated = match translate(&new, default_timeout, &state.templates, allow_out) {
         Ok(body) => body,
         Err(refusal) => return refusal.into_response(),
     };
@@ -213,14 +227,22 @@ async fn create(
 }
 
 /// E2B's create as a sandgate create body, or the 400/404 refusing what cannot be honoured.
+/// `default_allow_out` (the API key's or `[e2b]`'s) is the egress of a create that names
+/// none, unless its template sets its own.
 pub fn translate(
     new: &NewSandbox,
     default_timeout: u64,
     templates: &BTreeMap<String, crate::config::E2bTemplate>,
+    default_allow_out: &[String],
 ) -> Result<Value, ApiRefusal> {
     refuse_unsupported(new)?;
     let mut body = json!({});
-    match templates.get(&new.template_id) {
+    let template = templates.get(&new.template_id);
+    match template {
+        // `Sandbox.create(snapshot_id)`: the id create_snapshot answered.
+        None if is_snapshot_id(&new.template_id) => {
+            body["snapshot"] = json!(new.template_id);
+        }
         Some(t) => {
             if let Some(source) = &t.source {
                 body["source"] = json!(source);
@@ -265,10 +287,19 @@ pub fn translate(
     if !new.env_vars.is_empty() {
         body["env"] = json!(new.env_vars);
     }
-    if let Some(network) = egress(new)? {
+    let default = template
+        .and_then(|t| t.allow_out.as_deref())
+        .unwrap_or(default_allow_out);
+    if let Some(network) = egress(new, default)? {
         body["network"] = network;
     }
     Ok(body)
+}
+
+/// A sandgate snapshot id (`snap-<hex>` from a provider, `fsx-<hex>` from an export).
+fn is_snapshot_id(id: &str) -> bool {
+    let hex = id.strip_prefix("snap-").or_else(|| id.strip_prefix("fsx-"));
+    hex.is_some_and(|h| (1..=64).contains(&h.len()) && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Fields of E2B's create sandgate has no equivalent for: refused when set, so nothing is
@@ -296,9 +327,15 @@ fn refuse_unsupported(new: &NewSandbox) -> Result<(), ApiRefusal> {
     Ok(())
 }
 
-/// The create's egress rules as sandgate's `network`, or `None` when unrestricted.
-fn egress(new: &NewSandbox) -> Result<Option<Value>, ApiRefusal> {
+/// The create's egress rules as sandgate's `network`, or `None` when it sets none. A
+/// create that says nothing about egress (no `allowOut`, no `denyOut`, internet access not
+/// refused) gets `default` (sandgate has no "everything", so `allow_internet_access: true`
+/// gets it too).
+fn egress(new: &NewSandbox, default: &[String]) -> Result<Option<Value>, ApiRefusal> {
     let network = new.network.clone().unwrap_or_default();
+    let silent = network.allow_out.is_empty()
+        && network.deny_out.is_empty()
+        && new.allow_internet_access != Some(false);
     for (name, value) in &network.other {
         // Inbound traffic to the sandbox is never public through sandgate.
         let honoured = name == "allowPublicTraffic" && value.is_boolean();
@@ -321,7 +358,13 @@ fn egress(new: &NewSandbox) -> Result<Option<Value>, ApiRefusal> {
         }
     }
     let (mut domains, mut cidrs) = (Vec::new(), Vec::new());
-    for entry in &network.allow_out {
+    let allow_out = if silent && !default.is_empty() {
+        deny_all = true;
+        default
+    } else {
+        &network.allow_out[..]
+    };
+    for entry in allow_out {
         let is_address =
             entry.parse::<std::net::IpAddr>().is_ok() || entry.parse::<ipnet::IpNet>().is_ok();
         if is_address {
@@ -438,8 +481,35 @@ async fn detail(
         listed: listed(&row),
         envd_access_token: Some(state.envd_token(&row.id)),
         domain: Some(state.domain.to_string()),
+        // Never unrestricted: a sandgate sandbox reaches its allow list, through the proxy
+        // and its egress policy, and nothing else.
+        allow_internet_access: Some(false),
+        network: Some(network(&row)),
     })
     .into_response()
+}
+
+/// The sandbox's egress as E2B's `network`: its allow list (`network.allow_domains` and
+/// `cidrs` of the create, whatever set them) and everything else denied.
+fn network(row: &SandboxRow) -> wire::SandboxNetwork {
+    let request: Value = serde_json::from_str(&row.request_json).unwrap_or(Value::Null);
+    let list = |field: &str| -> Vec<String> {
+        request["network"][field]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut allow_out = list("allow_domains");
+    allow_out.extend(list("cidrs"));
+    wire::SandboxNetwork {
+        allow_out,
+        deny_out: vec!["0.0.0.0/0".into()],
+        other: BTreeMap::new(),
+    }
 }
 
 // ------------------------------------------------------------------------------ lists
@@ -764,6 +834,102 @@ async fn pause(
     }
 }
 
+// -------------------------------------------------------------- snapshots, metrics, network
+
+/// `create_snapshot`: a provider snapshot (files; sandgate's snapshots keep no memory), so
+/// `memory: true` (the SDK's `mode="full"`) and a `name` are refused rather than dropped.
+async fn create_snapshot(
+    State(state): State<FacadeState>,
+    Keyed(caller): Keyed,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    #[derive(serde::Deserialize, Default)]
+    struct SnapshotRequest {
+        name: Option<String>,
+        memory: Option<bool>,
+    }
+    let body: SnapshotRequest = match json_or_default(&body) {
+        Ok(body) => body,
+        Err(answer) => return answer.into_response(),
+    };
+    if body.name.is_some_and(|n| !n.is_empty()) {
+        return bad_request(
+            "snapshot names are not supported by sandgate's E2B API: use the snapshotID answered",
+        );
+    }
+    if body.memory == Some(true) {
+        return bad_request(
+            "memory snapshots are not supported: sandgate's snapshots keep the filesystem (mode=\"filesystem\")",
+        );
+    }
+    if let Err(answer) = live_row(&state, &caller, &id).await {
+        return answer;
+    }
+    let request = crate::api::sandbox_ops::SnapshotBody::default();
+    match crate::api::sandbox_ops::take_snapshot(&state.api, &caller, &id, &request).await {
+        Ok(view) => {
+            let snapshot_id = view["snapshot"]["id"].as_str().unwrap_or_default();
+            tracing::info!(sandbox = %id, snapshot = %snapshot_id, principal = %caller.principal, "e2b: snapshot taken");
+            (
+                StatusCode::CREATED,
+                Json(json!({"snapshotID": snapshot_id, "names": []})),
+            )
+                .into_response()
+        }
+        Err(e) => api_error(&e),
+    }
+}
+
+/// `get_metrics`: one sample, now (sandgate keeps no history, so `start`/`end` do not
+/// select among past samples).
+async fn metrics(
+    State(state): State<FacadeState>,
+    Keyed(caller): Keyed,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(answer) = live_row(&state, &caller, &id).await {
+        return answer;
+    }
+    match crate::api::sandbox_ops::usage(&state.api, &caller, &id).await {
+        Ok(u) => {
+            let now = crate::base::clock::now_ms();
+            Json(json!([{
+                "timestamp": rfc3339_ms(now),
+                "timestampUnix": now / 1000,
+                "cpuCount": u.cpu_count,
+                "cpuUsedPct": u.cpu_used_pct,
+                "memUsed": u.mem_used_bytes,
+                "memTotal": u.mem_total_bytes,
+                "memCache": u.mem_cache_bytes,
+                "diskUsed": u.disk_used_bytes,
+                "diskTotal": u.disk_total_bytes,
+            }]))
+            .into_response()
+        }
+        Err(e) => api_error(&e),
+    }
+}
+
+/// `update_network`: refused with 501 (the SDK raises it as a `SandboxException` with
+/// `status_code` 501, not as "sandbox not found"). A sandbox's egress is judged by the
+/// creation policy when it is created and fixed from then on; changing it live would step
+/// around that judgement. Create a new sandbox with the network it needs.
+async fn update_network(
+    State(state): State<FacadeState>,
+    Keyed(caller): Keyed,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(answer) = live_row(&state, &caller, &id).await {
+        return answer;
+    }
+    api_reply(
+        501,
+        None,
+        "unsupported: updating a sandbox's network is not supported by sandgate: its egress is fixed when it is created (where the creation policy judges it); create a sandbox with the network it needs",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -786,6 +952,7 @@ mod tests {
             })),
             300,
             &BTreeMap::new(),
+            &[],
         )
         .unwrap();
         assert_eq!(body["ttl_secs"], 60);
@@ -799,10 +966,67 @@ mod tests {
             &new(json!({"templateID": "base", "allow_internet_access": false})),
             300,
             &BTreeMap::new(),
+            &[],
         )
         .unwrap();
         assert_eq!(closed["network"], json!({"deny_all": true}));
         assert_eq!(closed["ttl_secs"], 300);
+    }
+
+    #[test]
+    fn a_create_silent_on_egress_gets_the_operators_default() {
+        let default = ["pypi.org".to_string(), "10.1.0.0/16".to_string()];
+        let mut templates = BTreeMap::new();
+        templates.insert(
+            "closed".to_string(),
+            crate::config::E2bTemplate {
+                allow_out: Some(vec![]),
+                ..Default::default()
+            },
+        );
+        templates.insert(
+            "npm".to_string(),
+            crate::config::E2bTemplate {
+                allow_out: Some(vec!["registry.npmjs.org".into()]),
+                ..Default::default()
+            },
+        );
+        let network = |body: Value| {
+            translate(&new(body), 300, &templates, &default).unwrap()["network"].clone()
+        };
+        let pypi = json!({"allow_domains": ["pypi.org"], "cidrs": ["10.1.0.0/16"]});
+        assert_eq!(network(json!({"templateID": "base"})), pypi);
+        assert_eq!(
+            network(json!({"templateID": "base", "allow_internet_access": true})),
+            pypi
+        );
+        assert_eq!(
+            network(json!({"templateID": "npm"})),
+            json!({"allow_domains": ["registry.npmjs.org"], "cidrs": []})
+        );
+        // A template's `[]` is its own default: nothing, whatever the key's.
+        assert_eq!(network(json!({"templateID": "closed"})), Value::Null);
+        // What the create says wins.
+        assert_eq!(
+            network(json!({"templateID": "base", "allow_internet_access": false})),
+            json!({"deny_all": true})
+        );
+        assert_eq!(
+            network(
+                json!({"templateID": "npm", "network": {"allowOut": ["a.test"], "denyOut": ["0.0.0.0/0"]}})
+            ),
+            json!({"allow_domains": ["a.test"], "cidrs": []})
+        );
+        let restore = translate(
+            &new(json!({"templateID": "snap-0123456789ab"})),
+            300,
+            &templates,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(restore["snapshot"], "snap-0123456789ab");
+        assert_eq!(restore["labels"]["e2b.template"], "snap-0123456789ab");
+        assert!(!is_snapshot_id("snap-../x") && !is_snapshot_id("snap-"));
     }
 
     #[test]
@@ -818,13 +1042,18 @@ mod tests {
             json!({"templateID": "base", "metadata": {"e2b.template": "x"}}),
         ] {
             assert_eq!(
-                status(translate(&new(body.clone()), 300, &t)),
+                status(translate(&new(body.clone()), 300, &t, &[])),
                 400,
                 "{body}"
             );
         }
         assert_eq!(
-            status(translate(&new(json!({"templateID": "python"})), 300, &t)),
+            status(translate(
+                &new(json!({"templateID": "python"})),
+                300,
+                &t,
+                &[]
+            )),
             404
         );
         let mut templates = BTreeMap::new();
@@ -835,7 +1064,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let body = translate(&new(json!({"templateID": "python"})), 300, &templates).unwrap();
+        let body = translate(&new(json!({"templateID": "python"})), 300, &templates, &[]).unwrap();
         assert_eq!(body["provider"], "local");
     }
 

@@ -9,7 +9,8 @@
 //! - `GET /files?path=` (`files.read`) answers the bytes; `POST /files?path=` (`files.write`)
 //!   takes `multipart/form-data` (`file` parts named by their path; `?path=` wins for a
 //!   single part) or a raw body, and answers the `EntryInfo`s written. Relative paths are
-//!   from `/home/user`.
+//!   from `/home/user`. A `Content-Encoding: gzip` body (the SDKs' `gzip=True`) is
+//!   inflated first, bounded like a plain one: past 64 MiB either way is 413.
 //! - Connect unary calls (JSON codec): `filesystem.Filesystem/Stat` and `ListDir`
 //!   (`files.list`), `MakeDir` (`files.mkdir`; `already_exists` when it does), `Remove`
 //!   (`files.delete`, recursive as envd's), `Move` (`files.move`, with
@@ -226,16 +227,32 @@ async fn files_write(State(state): State<FacadeState>, request: Request) -> Resp
         .ok()
         .and_then(|q| q.0.path)
         .filter(|p| !p.is_empty());
-    if parts
+    let encoding = parts
         .headers
         .get(header::CONTENT_ENCODING)
-        .is_some_and(|e| e != "identity")
-    {
-        return envd_error(
-            StatusCode::BAD_REQUEST,
-            "Content-Encoding is not accepted here",
-        );
-    }
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase());
+    let body = match encoding.as_deref() {
+        None | Some("" | "identity") => body,
+        // The SDKs' `gzip=True` (envd 0.5.7 and later, which this facade answers as).
+        Some("gzip" | "x-gzip") => {
+            let inflated = match gunzip_body(body).await {
+                Ok(inflated) => inflated,
+                Err(answer) => return answer,
+            };
+            parts.headers.remove(header::CONTENT_ENCODING);
+            parts.headers.remove(header::CONTENT_LENGTH);
+            axum::body::Body::from(inflated)
+        }
+        Some(other) => {
+            return envd_error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "Content-Encoding {:?} is not accepted here: gzip or identity",
+                    printable(other)
+                ),
+            )
+        }
+    };
     let request = Request::from_parts(parts, body);
     let uploads = match uploads(request, path, &state).await {
         Ok(uploads) => uploads,
@@ -275,6 +292,65 @@ async fn files_write(State(state): State<FacadeState>, request: Request) -> Resp
         written.push(json!({"name": name, "type": "file", "path": path}));
     }
     Json(written).into_response()
+}
+
+/// A gzip upload's body, inflated. Both sides are bounded by [`MAX_FILE_BYTES`]: a larger
+/// compressed body, or one that inflates past it (a gzip bomb), is 413 and nothing is
+/// written; memory never holds more than that much of it. A body that is not gzip is 400.
+async fn gunzip_body(body: axum::body::Body) -> Result<Bytes, Response> {
+    let compressed = axum::body::to_bytes(body, MAX_FILE_BYTES)
+        .await
+        .map_err(|e| {
+            if over_limit(&e) {
+                too_large("the compressed upload")
+            } else {
+                envd_error(StatusCode::BAD_REQUEST, format!("reading the upload: {e}"))
+            }
+        })?;
+    let inflated = tokio::task::spawn_blocking(move || gunzip(&compressed, MAX_FILE_BYTES))
+        .await
+        .map_err(|e| envd_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    match inflated {
+        Ok(Some(data)) => Ok(Bytes::from(data)),
+        Ok(None) => Err(too_large("the decompressed upload")),
+        Err(e) => Err(envd_error(
+            StatusCode::BAD_REQUEST,
+            format!("the upload is not valid gzip: {e}"),
+        )),
+    }
+}
+
+fn too_large(what: &str) -> Response {
+    envd_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "{what} is over the {} MiB file limit; nothing was written",
+            MAX_FILE_BYTES >> 20
+        ),
+    )
+}
+
+/// Whether a body error is the length limit's.
+fn over_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Inflates gzip `data` (one member or several, as RFC 1952 allows), reading at most one
+/// byte past `limit`: `Ok(None)` when the result would be larger than `limit`.
+fn gunzip(data: &[u8], limit: usize) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(data)
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)?;
+    Ok((out.len() <= limit).then_some(out))
 }
 
 /// The files of an upload: each multipart `file` part (named by its filename, or `path`
@@ -566,5 +642,37 @@ async fn move_entry(
             "not_found",
             format!("{to} is gone after the move"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn gzip_uploads_inflate_within_the_limit_only() {
+        let text = b"hello gzip\n".repeat(100);
+        assert_eq!(gunzip(&gzip(&text), 4096).unwrap().unwrap(), text);
+        // Two members, as RFC 1952 allows: both are inflated.
+        let mut two = gzip(b"a");
+        two.extend(gzip(b"b"));
+        assert_eq!(gunzip(&two, 16).unwrap().unwrap(), b"ab");
+        // Exactly the limit passes; one byte more is refused without inflating the rest.
+        assert_eq!(
+            gunzip(&gzip(&[0; 1024]), 1024).unwrap().unwrap().len(),
+            1024
+        );
+        let bomb = gzip(&vec![0; 8 << 20]);
+        assert!(bomb.len() < 64 << 10);
+        assert_eq!(gunzip(&bomb, 1 << 20).unwrap(), None);
+        assert!(gunzip(b"not gzip at all", 1024).is_err());
     }
 }

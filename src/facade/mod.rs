@@ -23,7 +23,7 @@ pub mod envd;
 pub mod errors;
 pub mod process;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -47,6 +47,10 @@ pub struct FacadeState {
     pub templates: Arc<BTreeMap<String, E2bTemplate>>,
     pub domain: Arc<str>,
     pub processes: Arc<process::Registry>,
+    /// `[e2b] allow_out`: the default egress allow list of a create that names no network.
+    pub allow_out: Arc<[String]>,
+    /// The keys of `[[e2b.api_keys]]` that set their own `allow_out`, and that list.
+    pub key_allow_out: Arc<HashMap<String, Vec<String>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,13 +74,25 @@ impl FacadeState {
         config: &E2bConfig,
         local_key_file: &std::path::Path,
     ) -> Result<FacadeState, FacadeConfigError> {
+        let (keys, key_allow_out) = api_keys(config, local_key_file)?;
         Ok(FacadeState {
             api,
-            keys: Arc::new(api_keys(config, local_key_file)?),
+            keys: Arc::new(keys),
             templates: Arc::new(config.templates.clone()),
             domain: config.domain.as_str().into(),
             processes: Arc::default(),
+            allow_out: config.allow_out.clone().into(),
+            key_allow_out: Arc::new(key_allow_out),
         })
+    }
+
+    /// The default egress allow list for a create made with `key` (already authenticated):
+    /// the key's own `allow_out`, else `[e2b] allow_out`. A template's own wins over both
+    /// (see [`control::translate`]).
+    pub fn default_allow_out(&self, key: Option<&[u8]>) -> &[String] {
+        key.and_then(|k| std::str::from_utf8(k).ok())
+            .and_then(|k| self.key_allow_out.get(k))
+            .map_or(&self.allow_out[..], Vec::as_slice)
     }
 
     /// The envd access token of sandbox `id`.
@@ -95,7 +111,11 @@ impl FacadeState {
     }
 }
 
-fn api_keys(config: &E2bConfig, local: &std::path::Path) -> Result<ApiAuth, FacadeConfigError> {
+/// The keys' principals, and the `allow_out` of the keys that set one.
+fn api_keys(
+    config: &E2bConfig,
+    local: &std::path::Path,
+) -> Result<(ApiAuth, HashMap<String, Vec<String>>), FacadeConfigError> {
     if config.api_keys.is_empty() && config.generate_local_key {
         let key = crate::api::auth::local_secret(local, "e2b_", 20).map_err(|source| {
             FacadeConfigError::LocalKey {
@@ -104,12 +124,13 @@ fn api_keys(config: &E2bConfig, local: &std::path::Path) -> Result<ApiAuth, Faca
             }
         })?;
         tracing::info!(path = %local.display(), "no [[e2b.api_keys]] configured: the local admin's E2B API key is in this file");
-        return Ok(ApiAuth::from_secrets(vec![(
-            key,
-            crate::api::auth::local_admin_principal(),
-        )]));
+        return Ok((
+            ApiAuth::from_secrets(vec![(key, crate::api::auth::local_admin_principal())]),
+            HashMap::new(),
+        ));
     }
     let mut entries = Vec::new();
+    let mut allow_out = HashMap::new();
     for (index, k) in config.api_keys.iter().enumerate() {
         let key = match (&k.key, &k.key_env) {
             (Some(key), _) => key.clone(),
@@ -128,6 +149,9 @@ fn api_keys(config: &E2bConfig, local: &std::path::Path) -> Result<ApiAuth, Faca
             }
             (None, None) => continue,
         };
+        if let Some(list) = &k.allow_out {
+            allow_out.insert(key.clone(), list.clone());
+        }
         entries.push((
             key,
             Principal {
@@ -138,7 +162,7 @@ fn api_keys(config: &E2bConfig, local: &std::path::Path) -> Result<ApiAuth, Faca
             },
         ));
     }
-    Ok(ApiAuth::from_secrets(entries))
+    Ok((ApiAuth::from_secrets(entries), allow_out))
 }
 
 /// The facade's HTTP service: each request goes to envd's routes or the control plane's.
