@@ -1,5 +1,5 @@
 # Bundled lifecycle policy (layer `sandgate.lifecycle`): may this principal start, stop,
-# pause, resume, snapshot or delete this sandbox?
+# pause, resume, snapshot, read the metrics of (E2B's get_metrics) or delete this sandbox?
 #
 # - A principal manages sandboxes of its own workspace; a platform `admin` any.
 # - A sandbox labelled `protected: "true"` can only be deleted by an admin.

@@ -629,3 +629,20 @@ impl ProviderRegistry {
         self.simulated.get(pool).cloned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_provider_that_cannot_tell_its_usage_answers_unsupported() {
+        // The API answers this 501 `unsupported`, which the E2B SDK raises with status 501.
+        let sim = simulated::SimulatedProvider::new("p", Default::default()).unwrap();
+        let e = sim.usage("i-1").await.unwrap_err();
+        assert_eq!(
+            (e.kind, e.code()),
+            (OpErrorKind::Unsupported, "unsupported")
+        );
+        assert!(e.message.contains("metrics"), "{}", e.message);
+    }
+}
