@@ -481,12 +481,28 @@ async fn detail(
         listed: listed(&row),
         envd_access_token: Some(state.envd_token(&row.id)),
         domain: Some(state.domain.to_string()),
-        // Never unrestricted: a sandgate sandbox reaches its allow list, through the proxy
-        // and its egress policy, and nothing else.
-        allow_internet_access: Some(false),
+        allow_internet_access: confined(&state, &row).then_some(false),
         network: Some(network(&row)),
     })
     .into_response()
+}
+
+/// Whether the sandbox's egress is confined to the proxy (its own network namespace, or a
+/// hosted pool locked to the gateway): then it reaches its allow list, under the egress
+/// policy, and nothing else, so `allowInternetAccess` is `false`. On an `advisory` pool (or
+/// one sandgate hands only its proxy address) the sandbox could step around the proxy, so
+/// nothing is claimed.
+fn confined(state: &FacadeState, row: &SandboxRow) -> bool {
+    let placement: Value = row
+        .placement_json
+        .as_deref()
+        .and_then(|p| serde_json::from_str(p).ok())
+        .unwrap_or(Value::Null);
+    let endpoint = state
+        .api
+        .sandboxes
+        .endpoint(placement["pool"].as_str(), &row.id);
+    matches!(endpoint.enforcement, "namespace" | "gateway")
 }
 
 /// The sandbox's egress as E2B's `network`: its allow list (`network.allow_domains` and

@@ -296,7 +296,9 @@ async fn files_write(State(state): State<FacadeState>, request: Request) -> Resp
 
 /// A gzip upload's body, inflated. Both sides are bounded by [`MAX_FILE_BYTES`]: a larger
 /// compressed body, or one that inflates past it (a gzip bomb), is 413 and nothing is
-/// written; memory never holds more than that much of it. A body that is not gzip is 400.
+/// written; inflating stops one byte past the bound, so memory holds at most the compressed
+/// body and that much inflated, never what the bomb would expand to. A body that is not
+/// gzip is 400.
 async fn gunzip_body(body: axum::body::Body) -> Result<Bytes, Response> {
     let compressed = axum::body::to_bytes(body, MAX_FILE_BYTES)
         .await
