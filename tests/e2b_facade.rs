@@ -757,6 +757,10 @@ async fn snapshot_metrics_and_network_update_answer_what_the_sdk_expects() {
         return;
     };
     let result = run_gaps(&env, &python, "ops", &[]).await;
+    eprintln!("get_metrics: {}", result["metrics"]);
+    // The sandbox's own figures, not the machine's: its memory is far below the machine's.
+    let metrics = &result["metrics"];
+    assert!(metrics["mem_used"].as_u64().unwrap() < metrics["mem_total"].as_u64().unwrap() / 2);
     let snapshot = result["snapshot"].as_str().unwrap();
     // The snapshot is sandgate's, and the SDK's create from it restored it.
     let restored = view(&env, result["restored"].as_str().unwrap()).await;

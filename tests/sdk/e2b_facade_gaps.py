@@ -99,6 +99,11 @@ def ops():
     check(0 < m.mem_used <= m.mem_total, f"memory: {m.mem_used} of {m.mem_total}")
     check(4_000_000 <= m.disk_used <= m.disk_total, f"disk: {m.disk_used} of {m.disk_total}")
 
+    busy = sbx.commands.run("while :; do :; done", background=True)
+    used = sbx.get_metrics()[0].cpu_used_pct
+    busy.kill()
+    check(used > 1, f"a busy loop shows in cpu_used_pct: {used}%")
+
     e = raises(
         SandboxException,
         lambda: sbx.update_network({"allow_out": ["example.com"], "deny_out": ["0.0.0.0/0"]}),
@@ -116,7 +121,8 @@ def ops():
     check(str(e).startswith("403"), f"403: {e}")
     guarded.kill()
     sbx.kill()
-    return {"sandbox": sbx.sandbox_id, "snapshot": snap.snapshot_id, "restored": restored.sandbox_id}
+    figures = {k: getattr(m, k) for k in ("cpu_count", "cpu_used_pct", "mem_used", "mem_total", "mem_cache", "disk_used", "disk_total")}
+    return {"sandbox": sbx.sandbox_id, "snapshot": snap.snapshot_id, "restored": restored.sandbox_id, "metrics": figures}
 
 
 def info():
