@@ -4,7 +4,10 @@
 //! `set_timeout`, kill; an `allowOut` list that becomes the proxy's allow list (curl inside
 //! the sandbox); refusals by the action and creation policies reaching the SDK with their
 //! reasons; an expired sandbox gone. On the local provider, and on a simulated pool that
-//! fails every create over to the local pool.
+//! fails every create over to the local pool. `tests/sdk/e2b_facade_gaps.py` drives what the
+//! SDK once got wrong answers for (issue 25 item 13): gzip uploads and a gzip bomb,
+//! `create_snapshot`, `get_metrics`, `update_network`, `get_info`'s network and resources,
+//! and the operator's default egress per `[e2b]`, API key and template.
 //!
 //! Needs root (the local provider's namespaces) and the pinned SDK (`.ci/run` installs
 //! both); under CI a missing one fails the test.
