@@ -111,9 +111,11 @@ async fn start_with(test: &str, pools: &str, e2b_keys: &str, e2b_tables: &str) -
     }
     init();
     let ca = TestCa::new();
-    let origin = start_origin(Some(
-        ca.server_config(&["api.allowed.test", "api.denied.test"]),
-    ))
+    let origin = start_origin(Some(ca.server_config(&[
+        "api.allowed.test",
+        "api.denied.test",
+        "127.0.0.1",
+    ])))
     .await;
     let dir = tempfile::tempdir().unwrap();
     let extra_toml = format!(
@@ -833,16 +835,18 @@ allow_out = []
             ("FACADE_DENIED_URL", url("api.denied.test")),
             ("FACADE_OTHER_KEY", E2B_KEY2.into()),
             ("FACADE_CLOSED_TEMPLATE", "closed".into()),
+            ("FACADE_CIDR_URL", url("127.0.0.1")),
         ],
     )
     .await;
-    // The three requests the sandboxes' lists allowed reached the origin; none other did.
-    assert_eq!(env.origin.count(), 3);
+    // The four requests the sandboxes' lists allowed reached the origin; none other did.
+    assert_eq!(env.origin.count(), 4);
     for (sandbox, domains) in [
         ("default", serde_json::json!(["api.allowed.test"])),
         ("key", serde_json::json!(["api.denied.test"])),
         ("template", serde_json::json!([])),
         ("explicit", serde_json::json!(["api.denied.test"])),
+        ("cidr", serde_json::json!([])),
     ] {
         let v = view(&env, result[sandbox].as_str().unwrap()).await;
         assert_eq!(
@@ -850,4 +854,10 @@ allow_out = []
             "{sandbox}: {v:#}"
         );
     }
+    let v = view(&env, result["cidr"].as_str().unwrap()).await;
+    assert_eq!(
+        v["request"]["network"]["cidrs"],
+        serde_json::json!(["127.0.0.1/32"]),
+        "{v:#}"
+    );
 }

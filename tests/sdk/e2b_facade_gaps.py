@@ -17,7 +17,9 @@ facade, FACADE_SDK_VERSION, and FACADE_GAPS naming the part to run:
   (FACADE_TEMPLATE: a template with cpu 1, memory_mb 256).
 - `egress`: with FACADE_ALLOWED_URL / FACADE_DENIED_URL (HTTPS origins), FACADE_OTHER_KEY
   (a key whose allow_out is the denied host) and FACADE_CLOSED_TEMPLATE (allow_out = []):
-  a create without network reaches what the default lists allow, and only that.
+  a create without network reaches what the default lists allow, and only that; with
+  FACADE_CIDR_URL (the origin by its IP address), a create whose allow_out is that
+  address's /32 reaches it.
 
 Prints `FACADE OK {json}` as its last line when every step held; any failed check raises.
 """
@@ -150,9 +152,9 @@ def info():
     return {"sized": sized.sandbox_id, "closed": closed.sandbox_id}
 
 
-def reaches(sbx, url):
+def reaches(sbx, url, flags=""):
     try:
-        out = sbx.commands.run(f"curl -sS -o /dev/null -w '%{{http_code}}' {url}")
+        out = sbx.commands.run(f"curl -sS {flags} -o /dev/null -w '%{{http_code}}' {url}")
         return out.stdout == "200"
     except CommandExitException as e:
         # Refused at the proxy's CONNECT: curl reports the proxy's 403.
@@ -185,6 +187,16 @@ def egress():
     sbx = Sandbox.create(timeout=60, network={"allow_out": [denied_host], "deny_out": ["0.0.0.0/0"]})
     result["explicit"] = sbx.sandbox_id
     check(not reaches(sbx, allowed) and reaches(sbx, denied), "the create's own network wins")
+    sbx.kill()
+    # An address range in allow_out becomes network.cidrs, which the proxy enforces on IP
+    # literals (issue 25 item 1): the origin by its address, with everything else denied.
+    by_address = os.environ["FACADE_CIDR_URL"]
+    address = by_address.split("//", 1)[1].split(":", 1)[0]
+    sbx = Sandbox.create(timeout=60, network={"allow_out": [f"{address}/32"], "deny_out": ["0.0.0.0/0"]})
+    result["cidr"] = sbx.sandbox_id
+    # The sandbox's NO_PROXY names 127.0.0.1 (its own loopback); --noproxy '' sends the
+    # request through the proxy like any other destination.
+    check(reaches(sbx, by_address, "--noproxy ''"), f"allow_out {address}/32 reaches {address}")
     sbx.kill()
     return result
 
