@@ -1060,6 +1060,10 @@ impl Vercel {
             // Commands may run for long: the stream has no whole-request timeout.
             request = request.timeout(Duration::from_secs(24 * 3600));
         }
+        // The command's clock starts before the request is sent: Vercel's starts when it is
+        // received, so a stream that ends at Vercel's timeout is always past ours too (taken
+        // after the answer's headers, a slow answer made a timed-out command look exited).
+        let sent = Instant::now();
         let response = self.http.send(request).await.map_err(op_error)?;
         let content_type = response
             .headers()
@@ -1079,7 +1083,7 @@ impl Vercel {
             response,
             tx,
             command_id.clone(),
-            spec.timeout.map(|t| (Instant::now(), t)),
+            spec.timeout.map(|t| (sent, t)),
         ));
         let http = self.http.clone();
         let team = self.team_id.clone();
