@@ -1,6 +1,11 @@
 //! `sandgate.toml`: every key has a default, so an empty file (or none) runs the embedded
 //! defaults. Unknown keys are rejected rather than ignored, because a misspelt security
 //! setting that silently falls back to a default is worse than a refusal to start.
+//!
+//! A section read by one module is defined in that module (`[store]` in `store`, `[proxy]` in
+//! `egress`, `[log]` in `telemetry`, `[local]` in `providers::local`, identities in
+//! `identity`) and re-exported here; this file assembles the sections, fills defaults and
+//! checks rules that span several. Lower modules never import it, so it sits above them.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -9,25 +14,14 @@ use std::path::{Path, PathBuf};
 use ipnet::IpNet;
 use serde::Deserialize;
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("config key `{key}`: {message}")]
-    Invalid { key: String, message: String },
-}
-
-impl ConfigError {
-    fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            key: key.into(),
-            message: message.into(),
-        }
-    }
-}
+pub use crate::base::ConfigError;
+pub use crate::egress::config::{
+    ProxyCertificate, ProxyConfig, PublicUrl, DEFAULT_MAX_TUNNELS_PER_IDENTITY,
+};
+pub use crate::identity::IdentityConfig;
+pub use crate::providers::local::LocalConfig;
+pub use crate::store::StoreConfig;
+pub use crate::telemetry::LogConfig;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -108,48 +102,6 @@ impl Role {
             Role::All => "all",
             Role::Api => "api",
             Role::Proxy => "proxy",
-        }
-    }
-}
-
-/// `[local]`: settings of the local provider (every pool whose provider kind is `local`).
-/// With no `[[providers]]`, `[[accounts]]` and `[[pools]]` at all, sandgate runs one local
-/// pool named `local` (provider `local`, account `local`): the embedded default.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LocalConfig {
-    /// Directory holding each sandbox's directory (its root file system). Created mode 0700.
-    pub dir: PathBuf,
-    /// Directory holding snapshots (tar files), outside `dir`.
-    pub snapshot_dir: PathBuf,
-    /// Port of the proxy listener inside each sandbox's network namespace; the sandbox's
-    /// `HTTP_PROXY` is `http://127.0.0.1:<proxy_port>`.
-    pub proxy_port: u16,
-    /// User and group the sandbox's processes run as.
-    pub uid: u32,
-    pub gid: u32,
-    /// Extra host directories bound read-only into every sandbox at the same path.
-    pub extra_ro_binds: Vec<PathBuf>,
-    /// Network namespaces are named `<netns_prefix><instance id>` (see `ip netns list`).
-    pub netns_prefix: String,
-    /// Name of the cgroup (under sandgate's own) holding the sandboxes' cgroups.
-    pub cgroup: String,
-    /// Capacity of the default `local` pool (ignored when pools are configured).
-    pub capacity: u64,
-}
-
-impl Default for LocalConfig {
-    fn default() -> Self {
-        LocalConfig {
-            dir: PathBuf::from("data/sandboxes"),
-            snapshot_dir: PathBuf::from("data/snapshots"),
-            proxy_port: 3128,
-            uid: 65534,
-            gid: 65534,
-            extra_ro_binds: Vec::new(),
-            netns_prefix: "sg-".into(),
-            cgroup: "sandgate".into(),
-            capacity: 16,
         }
     }
 }
@@ -249,125 +201,6 @@ impl Default for CreateConfig {
     }
 }
 
-/// `[store]`: where durable state lives. SQLite at `path` is the embedded default; `url`
-/// selects Postgres instead (shared by replicas). Setting both is refused, as is
-/// `synchronous` with `url` (it is a SQLite setting): a file that names two stores must
-/// not silently use one of them.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(from = "StoreToml")]
-pub struct StoreConfig {
-    /// SQLite database file (created with its directory on first start).
-    pub path: PathBuf,
-    /// SQLite `synchronous`: `full` (the default) makes every committed write durable
-    /// before it is acknowledged, so a power loss cannot drop the attempt rows that keep a
-    /// create idempotent; `normal` may lose the last commits on power loss (not on a crash).
-    pub synchronous: crate::store::Durability,
-    /// `postgres://user:password@host:port/database`: use Postgres instead of SQLite. Its
-    /// password never appears in logs, errors or `Debug` output (see `DatabaseUrl`).
-    pub url: Option<crate::store::DatabaseUrl>,
-    /// How often a replica reads the change feed for other replicas' writes (new sandboxes'
-    /// identities, deletes, credential changes; see `crate::propagation`). On Postgres a
-    /// NOTIFY wakes it at once and this is the fallback; on SQLite it is the delay.
-    pub poll_changes_ms: u64,
-    /// How often a replica compares everything it holds in memory with the store, repairing
-    /// what a missed change left behind. 0 turns it off.
-    pub reconcile_secs: u64,
-    /// Postgres: how long a request waits for a connection from the pool before it is
-    /// answered 503 `store_unavailable` (retryable). While the database is unreachable every
-    /// wait runs to this bound, so it is what a client waits during an outage.
-    pub acquire_timeout_ms: u64,
-    /// Which SQLite keys the file set (rather than left to their defaults), to refuse them
-    /// next to `url`.
-    sqlite_keys_set: Vec<&'static str>,
-}
-
-/// `[store]` as written in the file: which keys are set.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, default)]
-struct StoreToml {
-    path: Option<PathBuf>,
-    synchronous: Option<crate::store::Durability>,
-    url: Option<crate::store::DatabaseUrl>,
-    poll_changes_ms: Option<u64>,
-    reconcile_secs: Option<u64>,
-    acquire_timeout_ms: Option<u64>,
-}
-
-impl From<StoreToml> for StoreConfig {
-    fn from(t: StoreToml) -> Self {
-        let defaults = StoreConfig::default();
-        let mut sqlite_keys_set = Vec::new();
-        if t.path.is_some() {
-            sqlite_keys_set.push("store.path");
-        }
-        if t.synchronous.is_some() {
-            sqlite_keys_set.push("store.synchronous");
-        }
-        StoreConfig {
-            path: t.path.unwrap_or(defaults.path),
-            synchronous: t.synchronous.unwrap_or(defaults.synchronous),
-            url: t.url,
-            poll_changes_ms: t.poll_changes_ms.unwrap_or(defaults.poll_changes_ms),
-            reconcile_secs: t.reconcile_secs.unwrap_or(defaults.reconcile_secs),
-            acquire_timeout_ms: t.acquire_timeout_ms.unwrap_or(defaults.acquire_timeout_ms),
-            sqlite_keys_set,
-        }
-    }
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig {
-            path: PathBuf::from("data/sandgate.db"),
-            synchronous: crate::store::Durability::Full,
-            url: None,
-            poll_changes_ms: 250,
-            reconcile_secs: 30,
-            acquire_timeout_ms: 2000,
-            sqlite_keys_set: Vec::new(),
-        }
-    }
-}
-
-impl StoreConfig {
-    /// A Postgres store at `url` (the SQLite keys at their defaults).
-    pub fn postgres(url: crate::store::DatabaseUrl) -> StoreConfig {
-        StoreConfig {
-            url: Some(url),
-            ..StoreConfig::default()
-        }
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        if self.url.is_some() {
-            if let Some(key) = self.sqlite_keys_set.first() {
-                return Err(ConfigError::invalid(
-                    "store.url",
-                    format!(
-                        "store.url (Postgres) and {key} (SQLite) are both set: set one store, url or path"
-                    ),
-                ));
-            }
-        }
-        // Zero would be a busy loop against the database.
-        if !(10..=60_000).contains(&self.poll_changes_ms) {
-            return Err(ConfigError::invalid(
-                "store.poll_changes_ms",
-                "must be between 10 and 60000",
-            ));
-        }
-        // Below 100 ms a healthy but busy pool would refuse requests; above a minute a client
-        // is held far longer than it would wait.
-        if !(100..=60_000).contains(&self.acquire_timeout_ms) {
-            return Err(ConfigError::invalid(
-                "store.acquire_timeout_ms",
-                "must be between 100 and 60000",
-            ));
-        }
-        Ok(())
-    }
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SecretsConfig {
@@ -386,273 +219,6 @@ impl Default for SecretsConfig {
             master_key_file: PathBuf::from("data/master.key"),
             accepted_key_files: Vec::new(),
         }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ProxyConfig {
-    /// Address the egress proxy listens on.
-    pub listen: SocketAddr,
-    /// Concurrent client connections, each counted for as long as anything it started lives
-    /// (a CONNECT tunnel included); beyond this new connections are shed with 503.
-    pub max_connections: usize,
-    /// Open CONNECT tunnels one sandbox identity may hold at once; its next CONNECT is
-    /// refused with 429 `too_many_tunnels`, so one sandbox cannot take every connection.
-    /// Must be below `max_connections`; unset, it is derived from it (see
-    /// [`ProxyConfig::tunnels_per_identity`]).
-    pub max_tunnels_per_identity: Option<usize>,
-    /// Largest request head (request line plus headers) accepted from a sandbox, in bytes.
-    pub max_header_bytes: usize,
-    /// Seconds a client may take to send a complete request head.
-    pub header_read_timeout_secs: u64,
-    /// Seconds a connection may sit without any traffic before it is closed.
-    pub idle_timeout_secs: u64,
-    /// Upper bound on the lifetime of one CONNECT tunnel, in seconds.
-    pub tunnel_max_secs: u64,
-    /// Seconds allowed to open a TCP connection to an upstream.
-    pub connect_timeout_secs: u64,
-    /// Threads serving proxy connections, each with its own single-threaded event loop: a
-    /// connection, its requests and their upstream connections stay on one thread, so no
-    /// request crosses threads (see `egress::workers`). 0: one per core available.
-    pub workers: usize,
-    /// A second proxy listener that speaks TLS (an `https://` proxy), for sandboxes that
-    /// reach sandgate across a network (hosted providers): their proxy credentials then
-    /// never cross it in clear. The same proxy as `listen` (identities, policy, limits).
-    pub tls_listen: Option<SocketAddr>,
-    /// The TLS listener's certificate chain (PEM), with `tls_key_file`; both or neither.
-    /// Without them the certificate is issued by sandgate's own CA for `public_name`.
-    pub tls_cert_file: Option<PathBuf>,
-    /// The private key (PEM: PKCS#8, PKCS#1 or SEC1) of `tls_cert_file`.
-    pub tls_key_file: Option<PathBuf>,
-    /// The DNS name or IP address the TLS listener's certificate is issued for by sandgate's
-    /// own CA (the interception CA sandboxes trust anyway), when no certificate files are
-    /// given. Defaults to the host of `public_url`.
-    pub public_name: Option<String>,
-    /// The proxy address hosted sandboxes are given (their `HTTP(S)_PROXY` is this with
-    /// `<id>:<token>@` added), e.g. `https://gw.example.com:3129`: an `http` or `https` URL
-    /// with a host and an explicit port and nothing else.
-    pub public_url: Option<String>,
-    /// Seconds a client of the TLS listener may take to complete its TLS handshake.
-    pub tls_handshake_timeout_secs: u64,
-}
-
-/// The most tunnels one identity holds by default, however large `max_connections` is.
-pub const DEFAULT_MAX_TUNNELS_PER_IDENTITY: usize = 256;
-
-impl ProxyConfig {
-    /// Open tunnels one identity may hold: `max_tunnels_per_identity`, or by default a
-    /// quarter of `max_connections` (at most 256, at least 1). A share below the whole cap
-    /// is what keeps one sandbox from holding every connection and leaving the others none:
-    /// with the default, at least four sandboxes fit before the proxy is full.
-    pub fn tunnels_per_identity(&self) -> usize {
-        self.max_tunnels_per_identity.unwrap_or_else(|| {
-            (self.max_connections / 4).clamp(1, DEFAULT_MAX_TUNNELS_PER_IDENTITY)
-        })
-    }
-}
-
-impl Default for ProxyConfig {
-    fn default() -> Self {
-        ProxyConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 3128)),
-            max_connections: 4096,
-            max_tunnels_per_identity: None,
-            max_header_bytes: 64 * 1024,
-            header_read_timeout_secs: 10,
-            idle_timeout_secs: 300,
-            tunnel_max_secs: 6 * 3600,
-            connect_timeout_secs: 10,
-            workers: 0,
-            tls_listen: None,
-            tls_cert_file: None,
-            tls_key_file: None,
-            public_name: None,
-            public_url: None,
-            tls_handshake_timeout_secs: 10,
-        }
-    }
-}
-
-/// Where the TLS proxy listener's certificate comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProxyCertificate {
-    /// `tls_cert_file` and `tls_key_file`.
-    Files { cert: PathBuf, key: PathBuf },
-    /// Issued (and renewed) by sandgate's CA for this DNS name or IP address.
-    Issued { name: String },
-}
-
-/// `[proxy] public_url`, checked: scheme, host and port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublicUrl {
-    /// `http` or `https`.
-    pub scheme: String,
-    /// The host as written (an IPv6 address keeps its brackets).
-    pub host: String,
-    pub port: u16,
-}
-
-impl PublicUrl {
-    /// Parses an `http(s)://host:port` URL (an optional trailing `/`, nothing else).
-    pub fn parse(text: &str) -> Result<PublicUrl, String> {
-        let uri: http::Uri = text
-            .parse()
-            .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
-        let scheme = match uri.scheme_str().map(str::to_ascii_lowercase).as_deref() {
-            Some(s @ ("http" | "https")) => s.to_string(),
-            _ => return Err(format!("{text:?}: the scheme must be https (or http)")),
-        };
-        let Some(authority) = uri.authority() else {
-            return Err(format!("{text:?} has no host"));
-        };
-        if authority.as_str().contains('@') {
-            return Err(format!(
-                "{text:?} carries credentials; each sandbox's are added to it"
-            ));
-        }
-        let host = authority.host();
-        if host.is_empty() {
-            return Err(format!("{text:?} has no host"));
-        }
-        let Some(port) = authority.port_u16() else {
-            return Err(format!("{text:?} needs an explicit port"));
-        };
-        if port == 0 {
-            return Err(format!("{text:?}: port 0 is not a port"));
-        }
-        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-            return Err(format!(
-                "{text:?}: a proxy URL has no path or query, only scheme, host and port"
-            ));
-        }
-        Ok(PublicUrl {
-            scheme,
-            host: host.to_ascii_lowercase(),
-            port,
-        })
-    }
-
-    /// `scheme://host:port`
-    pub fn base(&self) -> String {
-        format!("{}://{}:{}", self.scheme, self.host, self.port)
-    }
-}
-
-impl ProxyConfig {
-    /// The TLS listener's certificate source, when `tls_listen` is set (after validation).
-    pub fn tls_certificate(&self) -> Option<ProxyCertificate> {
-        self.tls_listen?;
-        if let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) {
-            return Some(ProxyCertificate::Files {
-                cert: cert.clone(),
-                key: key.clone(),
-            });
-        }
-        let name = self.public_name.clone().or_else(|| {
-            let url = PublicUrl::parse(self.public_url.as_deref()?).ok()?;
-            Some(
-                url.host
-                    .trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .to_string(),
-            )
-        })?;
-        Some(ProxyCertificate::Issued { name })
-    }
-
-    /// `public_url`, parsed (after validation).
-    pub fn public_url(&self) -> Option<PublicUrl> {
-        PublicUrl::parse(self.public_url.as_deref()?).ok()
-    }
-
-    fn validate_tls(&self) -> Result<(), ConfigError> {
-        if let Some(url) = &self.public_url {
-            PublicUrl::parse(url).map_err(|m| ConfigError::invalid("proxy.public_url", m))?;
-        }
-        if let Some(name) = &self.public_name {
-            check_public_name(name).map_err(|m| ConfigError::invalid("proxy.public_name", m))?;
-        }
-        if self.tls_handshake_timeout_secs == 0 {
-            return Err(ConfigError::invalid(
-                "proxy.tls_handshake_timeout_secs",
-                "must be at least 1",
-            ));
-        }
-        match (&self.tls_cert_file, &self.tls_key_file) {
-            (Some(_), None) => {
-                return Err(ConfigError::invalid(
-                    "proxy.tls_key_file",
-                    "required with proxy.tls_cert_file (set both or neither)",
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(ConfigError::invalid(
-                    "proxy.tls_cert_file",
-                    "required with proxy.tls_key_file (set both or neither)",
-                ))
-            }
-            _ => {}
-        }
-        let Some(tls_listen) = self.tls_listen else {
-            for (key, set) in [
-                ("proxy.tls_cert_file", self.tls_cert_file.is_some()),
-                ("proxy.public_name", self.public_name.is_some()),
-            ] {
-                if set {
-                    return Err(ConfigError::invalid(
-                        key,
-                        "has no effect without proxy.tls_listen",
-                    ));
-                }
-            }
-            return Ok(());
-        };
-        if tls_listen == self.listen && tls_listen.port() != 0 {
-            return Err(ConfigError::invalid(
-                "proxy.tls_listen",
-                "must differ from proxy.listen",
-            ));
-        }
-        if self.tls_cert_file.is_some() {
-            if self.public_name.is_some() {
-                return Err(ConfigError::invalid(
-                    "proxy.public_name",
-                    "names the certificate sandgate issues; with proxy.tls_cert_file the certificate is yours (set one or the other)",
-                ));
-            }
-            return Ok(());
-        }
-        match self.tls_certificate() {
-            Some(ProxyCertificate::Issued { name }) => check_public_name(&name)
-                .map_err(|m| ConfigError::invalid("proxy.public_url", m)),
-            _ => Err(ConfigError::invalid(
-                "proxy.public_name",
-                "proxy.tls_listen needs a certificate: set public_name (or public_url) for one issued by sandgate's CA, or tls_cert_file and tls_key_file",
-            )),
-        }
-    }
-}
-
-/// A name a certificate can be issued for: an IP address or a DNS name (no wildcard).
-fn check_public_name(name: &str) -> Result<(), String> {
-    let bare = name.trim_start_matches('[').trim_end_matches(']');
-    if bare.parse::<IpAddr>().is_ok() {
-        return Ok(());
-    }
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("{name:?} is not a DNS name or IP address"))
     }
 }
 
@@ -917,34 +483,6 @@ pub struct EgressConfig {
     pub identities: Vec<IdentityConfig>,
 }
 
-/// One statically registered egress identity: `HTTP_PROXY=http://<id>:<token>@host:port`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct IdentityConfig {
-    /// The sandbox id, the user part of the proxy URL.
-    pub id: String,
-    /// The proxy password. Prefer `token_env` so the file holds no secret.
-    #[serde(default)]
-    pub token: Option<String>,
-    /// Name of an environment variable holding the token.
-    #[serde(default)]
-    pub token_env: Option<String>,
-    /// Workspace the sandbox belongs to.
-    pub workspace: String,
-    /// Domains this sandbox may reach: exact names or `*.suffix` wildcards.
-    #[serde(default)]
-    pub allow_domains: Vec<String>,
-    /// Free-form labels, visible to policy as `input.sandbox.labels`.
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    /// The user within the workspace the sandbox acts for (binds that user's credentials).
-    #[serde(default)]
-    pub user: Option<String>,
-    /// Names of credentials of this workspace (or user) applied to this sandbox's traffic.
-    #[serde(default)]
-    pub credentials: Vec<String>,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
@@ -962,32 +500,6 @@ impl Default for PolicyConfig {
             dir: PathBuf::from("policies"),
             reload_interval_ms: 1000,
             evaluator: crate::policy::Evaluator::Bytecode,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogConfig {
-    /// Where decision records go: `stdout`, `stderr`, `off`, or a file path (appended).
-    pub decisions: String,
-    /// Diagnostic log format on stderr: `text` or `json`.
-    pub format: String,
-    /// Diagnostic log filter (`RUST_LOG` syntax); the `RUST_LOG` variable wins when set.
-    pub level: String,
-    /// Policy decision records show an exec's argument vector whole. Off by default: they
-    /// show its program, argument count and a hash (arguments carry secrets, such as
-    /// `curl -u user:pass`). Policy sees the whole argv either way.
-    pub full_argv: bool,
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        LogConfig {
-            decisions: "stdout".into(),
-            format: "text".into(),
-            level: "info".into(),
-            full_argv: false,
         }
     }
 }

@@ -365,8 +365,8 @@ pub fn redact_input(value: &mut serde_json::Value) {
             }
         }
         J::Array(items) => items.iter_mut().for_each(redact_input),
-        J::String(s) if crate::credentials::scan::mentions_placeholder(s.as_bytes()) => {
-            *s = crate::credentials::scan::redact(s).into_owned();
+        J::String(s) if crate::base::scan::mentions_placeholder(s.as_bytes()) => {
+            *s = crate::base::scan::redact(s).into_owned();
         }
         _ => {}
     }

@@ -11,10 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use base64::Engine as _;
+use serde::Deserialize;
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
-
-use crate::config::IdentityConfig;
 
 pub mod lookup;
 
@@ -86,7 +85,7 @@ impl Identity {
     /// The same identity, allowed to reach `cidrs` by address (`network.cidrs` as the
     /// create body gave them: CIDRs or bare addresses).
     pub fn with_cidrs(mut self, cidrs: &[String]) -> Identity {
-        self.cidrs = crate::egress::by_address::parse_cidrs(&self.id, cidrs);
+        self.cidrs = parse_cidrs(&self.id, cidrs);
         self
     }
 
@@ -118,6 +117,40 @@ impl Identity {
     }
 }
 
+/// `network.cidrs` as stored (CIDRs or bare addresses, validated at creation) as networks:
+/// a bare address is a host route (`/32`, `/128`) and host bits are cleared, so policy sees
+/// one form (`10.0.0.0/8` for `10.1.2.3/8`). An entry that does not parse (a row from
+/// before validation) is left out, with a warning: it allows nothing.
+pub fn parse_cidrs(sandbox: &str, cidrs: &[String]) -> Vec<ipnet::IpNet> {
+    cidrs
+        .iter()
+        .filter_map(|text| {
+            let parsed = match text.parse::<std::net::IpAddr>() {
+                Ok(ip) => Ok(ipnet::IpNet::from(ip)),
+                Err(_) => text.parse::<ipnet::IpNet>().map(|net| net.trunc()),
+            };
+            match parsed {
+                Ok(net) => Some(net),
+                Err(_) => {
+                    tracing::warn!(%sandbox, cidr = %text, "network.cidrs entry is not a CIDR; ignored");
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+/// What binding credentials to an identity needs to know of them. Implemented by
+/// `credentials::CredentialStore`; a trait so that identities (which policy and the
+/// credential layer both read) do not depend on the credential store.
+pub trait CredentialDirectory {
+    /// Whether `workspace` has a credential `name`: `None` if not, else the user it belongs
+    /// to (`Some(None)`: the whole workspace's).
+    fn owner(&self, workspace: &str, name: &str) -> Option<Option<String>>;
+    /// The placeholder sandbox `sandbox` of `workspace` sees for credential `name`.
+    fn placeholder(&self, sandbox: &str, workspace: &str, name: &str) -> String;
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
     #[error("identity {id:?}: token_env {var} is not set")]
@@ -133,18 +166,18 @@ impl Identity {
         mut self,
         user: Option<String>,
         names: &[String],
-        credentials: &crate::credentials::CredentialStore,
+        credentials: &dyn CredentialDirectory,
         key_path: impl Fn(usize) -> String,
     ) -> Result<Identity, IdentityError> {
         self.user = user;
         for (i, name) in names.iter().enumerate() {
-            let Some(credential) = credentials.get(&self.workspace, name) else {
+            let Some(owner) = credentials.owner(&self.workspace, name) else {
                 return Err(IdentityError::Binding {
                     key: key_path(i),
                     message: format!("no credential {name:?} in workspace {:?}", self.workspace),
                 });
             };
-            if credential.meta.user.is_some() && credential.meta.user != self.user {
+            if owner.is_some() && owner != self.user {
                 return Err(IdentityError::Binding {
                     key: key_path(i),
                     message: format!(
@@ -153,9 +186,7 @@ impl Identity {
                     ),
                 });
             }
-            let placeholder = credentials
-                .key()
-                .placeholder(&self.id, &self.workspace, name);
+            let placeholder = credentials.placeholder(&self.id, &self.workspace, name);
             self.bindings.push(Binding {
                 name: name.clone(),
                 placeholder,
@@ -187,7 +218,7 @@ const TOMBSTONE_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 impl IdentityRegistry {
     pub fn from_config(
         identities: &[IdentityConfig],
-        credentials: &crate::credentials::CredentialStore,
+        credentials: &dyn CredentialDirectory,
     ) -> Result<IdentityRegistry, IdentityError> {
         let registry = IdentityRegistry {
             configured: identities.iter().map(|c| c.id.clone()).collect(),
@@ -370,6 +401,34 @@ fn parse_basic(header: &[u8]) -> Option<(String, Vec<u8>)> {
         .into_owned();
     let token: Vec<u8> = percent_encoding::percent_decode(&decoded[colon + 1..]).collect();
     Some((id, token))
+}
+
+/// One statically registered egress identity: `HTTP_PROXY=http://<id>:<token>@host:port`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityConfig {
+    /// The sandbox id, the user part of the proxy URL.
+    pub id: String,
+    /// The proxy password. Prefer `token_env` so the file holds no secret.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Name of an environment variable holding the token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// Workspace the sandbox belongs to.
+    pub workspace: String,
+    /// Domains this sandbox may reach: exact names or `*.suffix` wildcards.
+    #[serde(default)]
+    pub allow_domains: Vec<String>,
+    /// Free-form labels, visible to policy as `input.sandbox.labels`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The user within the workspace the sandbox acts for (binds that user's credentials).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Names of credentials of this workspace (or user) applied to this sandbox's traffic.
+    #[serde(default)]
+    pub credentials: Vec<String>,
 }
 
 #[cfg(test)]

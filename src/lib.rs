@@ -21,6 +21,7 @@ pub mod facade;
 pub mod identity;
 pub mod localbox;
 pub mod net;
+pub mod ops;
 pub mod policy;
 pub mod propagation;
 pub mod providers;

@@ -174,7 +174,7 @@ impl Server {
             Arc::new(CredentialStore::load(master_key, store.clone(), &config.credentials).await?);
         let identities = Arc::new(IdentityRegistry::from_config(
             &config.egress.identities,
-            &credentials,
+            credentials.as_ref(),
         )?);
 
         // A replica of role `api` binds no proxy listener; its sandboxes' proxy address is
@@ -268,8 +268,12 @@ impl Server {
         }
         let (topology, local) = routing_topology(&config)?;
         let topology = Arc::new(topology);
-        let mut providers =
-            crate::providers::ProviderRegistry::from_config(&config, &topology, &upstream_tls)?;
+        let mut providers = crate::providers::ProviderRegistry::from_config(
+            &config.simulated,
+            &config.accounts,
+            &topology,
+            &upstream_tls,
+        )?;
         let local_pools: Vec<String> = topology
             .pools()
             .iter()

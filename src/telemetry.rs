@@ -4,9 +4,8 @@
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
-
-use crate::config::LogConfig;
 
 /// Installs the tracing subscriber once; later calls are no-ops.
 pub fn init_logging(config: &LogConfig) {
@@ -82,5 +81,32 @@ impl ActiveGauge {
 impl Drop for ActiveGauge {
     fn drop(&mut self) {
         metrics::gauge!(self.0).decrement(1.0);
+    }
+}
+
+/// `[log]`: diagnostic logs and the decision log.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Where decision records go: `stdout`, `stderr`, `off`, or a file path (appended).
+    pub decisions: String,
+    /// Diagnostic log format on stderr: `text` or `json`.
+    pub format: String,
+    /// Diagnostic log filter (`RUST_LOG` syntax); the `RUST_LOG` variable wins when set.
+    pub level: String,
+    /// Policy decision records show an exec's argument vector whole. Off by default: they
+    /// show its program, argument count and a hash (arguments carry secrets, such as
+    /// `curl -u user:pass`). Policy sees the whole argv either way.
+    pub full_argv: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            decisions: "stdout".into(),
+            format: "text".into(),
+            level: "info".into(),
+            full_argv: false,
+        }
     }
 }

@@ -7,7 +7,10 @@
 //! imported a test provider. Everything here depends only on std and small crates.
 
 pub mod clock;
+mod config_error;
 pub mod ids;
 mod principal;
+pub mod scan;
 
+pub use config_error::ConfigError;
 pub use principal::{DelegationScope, Principal};

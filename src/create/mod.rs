@@ -348,9 +348,12 @@ impl Coordinator {
             vec![],
             BTreeMap::new(),
         )
-        .bind(None, &body.credentials, &self.deps.credentials, |i| {
-            format!("credentials[{i}]")
-        })
+        .bind(
+            None,
+            &body.credentials,
+            self.deps.credentials.as_ref(),
+            |i| format!("credentials[{i}]"),
+        )
         .map_err(|e| {
             let (key, message) = match &e {
                 crate::identity::IdentityError::Binding { key, message } => {
@@ -2132,9 +2135,12 @@ impl Coordinator {
             )
             .with_cidrs(&body.request.network.cidrs)
         };
-        match make().bind(None, &body.credentials, &self.deps.credentials, |i| {
-            format!("credentials[{i}]")
-        }) {
+        match make().bind(
+            None,
+            &body.credentials,
+            self.deps.credentials.as_ref(),
+            |i| format!("credentials[{i}]"),
+        ) {
             Ok(identity) => Some(identity),
             Err(e) => {
                 // A credential was removed since the create was accepted: run without it.

@@ -27,7 +27,7 @@ pub mod aws_chunked;
 pub mod github;
 pub mod keys;
 pub mod oauth2;
-pub mod scan;
+pub use crate::base::scan;
 pub mod scrub;
 pub mod seal;
 pub mod secret;
@@ -529,6 +529,17 @@ pub struct CredentialStore {
 impl std::fmt::Debug for CredentialStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CredentialStore").finish_non_exhaustive()
+    }
+}
+
+/// Identities bind credentials through this (see `identity::CredentialDirectory`).
+impl crate::identity::CredentialDirectory for CredentialStore {
+    fn owner(&self, workspace: &str, name: &str) -> Option<Option<String>> {
+        self.get(workspace, name).map(|c| c.meta.user.clone())
+    }
+
+    fn placeholder(&self, sandbox: &str, workspace: &str, name: &str) -> String {
+        self.key.placeholder(sandbox, workspace, name)
     }
 }
 

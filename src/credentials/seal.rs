@@ -208,10 +208,10 @@ impl MasterKey {
     }
 }
 
-/// Every placeholder starts with this; the proxy looks for it in headers and query strings.
-pub const PLACEHOLDER_PREFIX: &str = "sgph_";
-/// Length of a whole placeholder: the prefix plus 40 hex characters.
-pub const PLACEHOLDER_LEN: usize = PLACEHOLDER_PREFIX.len() + 40;
+/// Every placeholder starts with the prefix and is the prefix plus 40 hex characters
+/// long; the proxy looks for it in headers and query strings. Defined beside the scanner
+/// that finds them, which the decision log shares without depending on credentials.
+pub use crate::base::scan::{PLACEHOLDER_LEN, PLACEHOLDER_PREFIX};
 
 /// A key for one use, derived from a master key (HMAC-SHA256 over the use's label).
 fn derive(master: &[u8], label: &[u8]) -> Result<Zeroizing<Vec<u8>>, SealError> {

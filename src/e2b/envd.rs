@@ -9,7 +9,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use crate::providers::ops::{ExitInfo, ExitReason, SandboxEntry};
+use crate::ops::{ExitInfo, ExitReason, SandboxEntry};
 
 /// envd's port, named in `E2b-Sandbox-Port` and in `{port}-{id}.{domain}` host names.
 pub const ENVD_PORT: u16 = 49983;

@@ -22,33 +22,8 @@
 
 use std::net::IpAddr;
 
-use ipnet::IpNet;
-
 use crate::identity::Identity;
 use crate::policy::Decision;
-
-/// `network.cidrs` as stored (CIDRs or bare addresses, validated at creation) as networks:
-/// a bare address is a host route (`/32`, `/128`) and host bits are cleared, so policy sees
-/// one form (`10.0.0.0/8` for `10.1.2.3/8`). An entry that does not parse (a row from
-/// before validation) is left out, with a warning: it allows nothing.
-pub(crate) fn parse_cidrs(sandbox: &str, cidrs: &[String]) -> Vec<IpNet> {
-    cidrs
-        .iter()
-        .filter_map(|text| {
-            let parsed = match text.parse::<IpAddr>() {
-                Ok(ip) => Ok(IpNet::from(ip)),
-                Err(_) => text.parse::<IpNet>().map(|net| net.trunc()),
-            };
-            match parsed {
-                Ok(net) => Some(net),
-                Err(_) => {
-                    tracing::warn!(%sandbox, cidr = %text, "network.cidrs entry is not a CIDR; ignored");
-                    None
-                }
-            }
-        })
-        .collect()
-}
 
 /// Whether a refused egress decision on a name deserves a second one with the name's
 /// resolved addresses: only for a sandbox with CIDRs, only for a name (an IP literal's
@@ -72,6 +47,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::identity::parse_cidrs;
 
     fn strings(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()

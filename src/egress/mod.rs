@@ -25,6 +25,7 @@
 mod accept;
 mod body;
 pub(crate) mod by_address;
+pub mod config;
 mod connect;
 mod decision;
 mod forward;

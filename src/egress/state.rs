@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use super::config::ProxyConfig;
 use super::upstream::Upstreams;
-use crate::config::ProxyConfig;
 use crate::credentials::CredentialStore;
 use crate::decision_log::DecisionLog;
 use crate::identity::IdentityRegistry;

@@ -19,7 +19,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 
-use crate::config::{ProxyCertificate, ProxyConfig};
+use super::config::{ProxyCertificate, ProxyConfig};
 use crate::tls::leaf::LeafError;
 use crate::tls::{FixedResolver, LeafMinter};
 

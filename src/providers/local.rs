@@ -24,6 +24,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use serde::Deserialize;
+
 use super::ops::{ExecSpec, ExecStream, Lifecycle, OpError, OpErrorKind, SandboxEntry};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, Provider, ProviderError,
@@ -63,7 +65,7 @@ impl std::fmt::Debug for LocalProvider {
 }
 
 /// The runtime settings `[local]` describes.
-pub fn runtime_config(config: &crate::config::LocalConfig) -> RuntimeConfig {
+pub fn runtime_config(config: &LocalConfig) -> RuntimeConfig {
     let mut rc = RuntimeConfig::new(&config.dir);
     rc.netns_prefix = config.netns_prefix.clone();
     rc.cgroup_name = config.cgroup.clone();
@@ -79,7 +81,7 @@ impl LocalProvider {
         runtime: Arc<LocalRuntime>,
         egress: Arc<EgressState>,
         ca_pem: Vec<u8>,
-        config: &crate::config::LocalConfig,
+        config: &LocalConfig,
     ) -> Result<LocalProvider, LocalboxError> {
         let purged = runtime.purge_orphans().await?;
         if !purged.is_empty() {
@@ -448,5 +450,47 @@ impl Provider for UnavailableLocal {
         _: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
         Box::pin(async { Ok(RuntimeCapabilities::NONE) })
+    }
+}
+
+/// `[local]`: settings of the local provider (every pool whose provider kind is `local`).
+/// With no `[[providers]]`, `[[accounts]]` and `[[pools]]` at all, sandgate runs one local
+/// pool named `local` (provider `local`, account `local`): the embedded default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalConfig {
+    /// Directory holding each sandbox's directory (its root file system). Created mode 0700.
+    pub dir: PathBuf,
+    /// Directory holding snapshots (tar files), outside `dir`.
+    pub snapshot_dir: PathBuf,
+    /// Port of the proxy listener inside each sandbox's network namespace; the sandbox's
+    /// `HTTP_PROXY` is `http://127.0.0.1:<proxy_port>`.
+    pub proxy_port: u16,
+    /// User and group the sandbox's processes run as.
+    pub uid: u32,
+    pub gid: u32,
+    /// Extra host directories bound read-only into every sandbox at the same path.
+    pub extra_ro_binds: Vec<PathBuf>,
+    /// Network namespaces are named `<netns_prefix><instance id>` (see `ip netns list`).
+    pub netns_prefix: String,
+    /// Name of the cgroup (under sandgate's own) holding the sandboxes' cgroups.
+    pub cgroup: String,
+    /// Capacity of the default `local` pool (ignored when pools are configured).
+    pub capacity: u64,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            dir: PathBuf::from("data/sandboxes"),
+            snapshot_dir: PathBuf::from("data/snapshots"),
+            proxy_port: 3128,
+            uid: 65534,
+            gid: 65534,
+            extra_ro_binds: Vec::new(),
+            netns_prefix: "sg-".into(),
+            cgroup: "sandgate".into(),
+            capacity: 16,
+        }
     }
 }

@@ -21,12 +21,13 @@ pub mod export;
 pub mod hosted;
 pub mod http;
 pub mod local;
-pub mod ops;
+/// The operation vocabulary adapters speak, at `crate::ops` (below `e2b`, which translates it).
+pub use crate::ops;
 pub mod runloop;
 pub mod simulated;
 pub mod vercel;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -576,7 +577,8 @@ impl ProviderRegistry {
     /// adapter in this build gets its account's (see [`hosted`]); `tls` is the trust its
     /// HTTP client uses. Local pools are added by the server, which owns the runtime.
     pub fn from_config(
-        config: &crate::config::Config,
+        simulated: &BTreeMap<String, simulated::SimulatedPoolConfig>,
+        accounts: &[sandgate_router::AccountConfig],
         topology: &sandgate_router::Topology,
         tls: &rustls::ClientConfig,
     ) -> Result<ProviderRegistry, RegistryError> {
@@ -585,8 +587,7 @@ impl ProviderRegistry {
         for pool in topology.pools() {
             let kind = topology.providers()[pool.provider].kind;
             if kind == sandgate_router::ProviderKind::Simulated {
-                let sim = config
-                    .simulated
+                let sim = simulated
                     .get(pool.name.as_ref())
                     .cloned()
                     .unwrap_or_default();
@@ -598,7 +599,7 @@ impl ProviderRegistry {
                 continue;
             }
             let account = &topology.accounts()[pool.account];
-            let Some(raw) = config.accounts.iter().find(|a| *a.name == *account.name) else {
+            let Some(raw) = accounts.iter().find(|a| *a.name == *account.name) else {
                 continue;
             };
             let adapter = match by_account.get(&raw.name) {

@@ -24,12 +24,15 @@ macro_rules! with_pool {
 
 pub mod attempt_stats;
 pub mod changes;
+mod config;
 pub mod delegations;
 pub mod replicas;
 pub mod sandboxes;
 pub mod sealed;
 pub mod snapshots;
 mod url;
+
+pub use config::StoreConfig;
 
 use std::fmt;
 use std::path::Path;
@@ -211,7 +214,7 @@ fn credential_row(r: &impl StoreRow) -> Result<CredentialRow, sqlx::Error> {
 impl Store {
     /// Opens the store `[store]` configures: Postgres when `url` is set, else the SQLite
     /// file at `path`. Either way the schema is migrated to the current version first.
-    pub async fn open(config: &crate::config::StoreConfig) -> Result<Store, StoreError> {
+    pub async fn open(config: &StoreConfig) -> Result<Store, StoreError> {
         match &config.url {
             Some(url) => {
                 Store::open_postgres_with(url, Duration::from_millis(config.acquire_timeout_ms))

@@ -13,7 +13,11 @@ use std::sync::OnceLock;
 use aho_corasick::AhoCorasick;
 use base64::Engine as _;
 
-use super::seal::{PLACEHOLDER_LEN, PLACEHOLDER_PREFIX};
+/// Every placeholder starts with this (then 40 hex characters of a keyed tag, see
+/// `credentials::seal`), so a scanner finds them without knowing any key.
+pub const PLACEHOLDER_PREFIX: &str = "sgph_";
+/// Length of a whole placeholder: the prefix plus 40 hex characters.
+pub const PLACEHOLDER_LEN: usize = PLACEHOLDER_PREFIX.len() + 40;
 
 /// One placeholder found: the token in lower case, or `None` when the prefix is not followed
 /// by a well-formed placeholder.
