@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use super::tokens::{describe_send_error, printable, read_bounded, Fresh, MintError};
+use super::mint::{describe_send_error, printable, read_bounded, Fresh, MintError};
 use super::Secret;
 
 /// The `api_url` default.

@@ -26,6 +26,7 @@ pub mod aws;
 pub mod aws_chunked;
 pub mod github;
 pub mod keys;
+mod mint;
 pub mod oauth2;
 pub use crate::base::scan;
 pub mod scrub;

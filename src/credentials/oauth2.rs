@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::tokens::{describe_send_error, printable, read_bounded, Fresh, MintError};
+use super::mint::{describe_send_error, printable, read_bounded, Fresh, MintError};
 use super::Secret;
 
 /// The grant sandgate uses at the token endpoint.

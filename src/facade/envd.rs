@@ -17,8 +17,6 @@
 //!   `input.file.destination`), `process.Process/List` and `SendSignal`.
 //!   Anything else is `unimplemented`.
 
-use std::sync::Arc;
-
 use axum::body::Bytes;
 use axum::extract::{
     DefaultBodyLimit, FromRequest, FromRequestParts, Multipart, Query, Request, State,
@@ -32,9 +30,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
+pub use super::call::EnvdCall;
 use super::errors::{message, rpc_error, rpc_reply};
 use super::{EnvdTarget, FacadeState};
-use crate::api::auth::Principal;
 use crate::api::sandbox_ops::{file_action, MAX_FILE_BYTES};
 use crate::e2b::connect::RpcError;
 use crate::e2b::envd::{self, ENVD_PORT};
@@ -139,12 +137,8 @@ impl FromRequestParts<FacadeState> for EnvdSandbox {
     }
 }
 
-/// An authenticated envd call: the sandbox, and the principal it runs as.
-pub struct EnvdCall {
-    pub row: SandboxRow,
-    pub principal: Arc<Principal>,
-}
-
+/// Authenticates an envd call (the struct lives in [`super::call`], shared with
+/// [`super::process`]).
 impl FromRequestParts<FacadeState> for EnvdCall {
     type Rejection = Response;
 

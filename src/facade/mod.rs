@@ -18,6 +18,7 @@
 //! Errors are E2B's shapes, made so the SDK raises its matching exception, with sandgate's
 //! code and reasons in the message ([`errors`]).
 
+mod call;
 pub mod control;
 pub mod envd;
 pub mod errors;

@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
 
-use super::envd::EnvdCall;
+use super::call::EnvdCall;
 use super::errors::rpc_error;
 use super::FacadeState;
 use crate::api::sandbox_ops::{start_command, ExecBody};
