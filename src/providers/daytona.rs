@@ -1091,26 +1091,6 @@ impl Provider for Daytona {
         Some(CA_PATH)
     }
 
-    fn adopt<'a>(
-        &'a self,
-        instance_id: &'a str,
-        egress: Option<&'a RemoteEgress>,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            let Some(egress) = egress else {
-                return Ok(());
-            };
-            self.put_file(instance_id, CA_PATH, egress.ca_pem.clone().into_bytes())
-                .await
-                .map_err(|e| {
-                    ProviderError::new(
-                        ErrorClass::FailedBeforeRunning,
-                        format!("the adopted instance's CA could not be installed: {e}"),
-                    )
-                })
-        })
-    }
-
     fn check(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
         Box::pin(async move {
             let build = || self.api(Method::GET, "/sandbox").query(&[("limit", "1")]);

@@ -476,24 +476,6 @@ impl Provider for E2b {
         Some(CA_PATH)
     }
 
-    fn adopt<'a>(
-        &'a self,
-        instance_id: &'a str,
-        egress: Option<&'a RemoteEgress>,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            let Some(egress) = egress else {
-                return Ok(());
-            };
-            self.install_ca(instance_id, egress).await.map_err(|e| {
-                ProviderError::new(
-                    ErrorClass::FailedBeforeRunning,
-                    format!("the adopted instance's CA could not be installed: {e}"),
-                )
-            })
-        })
-    }
-
     fn check(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
         Box::pin(async move {
             let build = || {

@@ -155,6 +155,15 @@ pub struct ProviderError {
     pub maybe_created: bool,
 }
 
+/// An adopted instance whose CA could not be installed: it cannot serve its sandbox, so the
+/// coordinator deletes it and advances the route.
+pub(crate) fn adoption_failed(e: &dyn std::fmt::Display) -> ProviderError {
+    ProviderError::new(
+        ErrorClass::FailedBeforeRunning,
+        format!("the adopted instance's CA could not be installed: {e}"),
+    )
+}
+
 impl ProviderError {
     pub fn new(class: ErrorClass, message: impl Into<String>) -> ProviderError {
         ProviderError {
@@ -410,14 +419,23 @@ pub trait Provider: Send + Sync + 'static {
     /// Finishes an instance the coordinator adopts after reconciling by tag (its create was
     /// not answered, or answered a failure): what `create` does once the provider has made
     /// the instance, such as installing sandgate's CA for `egress`. The instance carries the
-    /// create's own settings (lock-down included) already. Default: nothing to do.
+    /// create's own settings (lock-down included) already. Default: with `egress`, writes
+    /// the CA to [`Provider::ca_path`] with [`Provider::write_file`]; an adapter whose
+    /// install takes more steps overrides this.
     fn adopt<'a>(
         &'a self,
         instance_id: &'a str,
         egress: Option<&'a RemoteEgress>,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        let _ = (instance_id, egress);
-        Box::pin(async { Ok(()) })
+        Box::pin(async move {
+            let (Some(egress), Some(path)) = (egress, self.ca_path()) else {
+                return Ok(());
+            };
+            let ca = egress.ca_pem.clone().into_bytes();
+            self.write_file(instance_id, path, ca)
+                .await
+                .map_err(|e| adoption_failed(&e))
+        })
     }
     /// One harmless authenticated call (`sandgate provider check`): what it reached, or why
     /// the account's base URL or credentials do not work.

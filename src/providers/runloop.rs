@@ -1207,12 +1207,11 @@ impl Provider for Runloop {
             let Some(egress) = egress else {
                 return Ok(());
             };
-            self.install_ca(instance_id, egress).await.map_err(|e| {
-                ProviderError::new(
-                    ErrorClass::FailedBeforeRunning,
-                    format!("the adopted instance's CA could not be installed: {e}"),
-                )
-            })
+            // Runloop's file write does not make the directory: the trait's default would
+            // fail on a fresh devbox.
+            self.install_ca(instance_id, egress)
+                .await
+                .map_err(|e| super::adoption_failed(&e))
         })
     }
 
