@@ -696,19 +696,7 @@ impl Store {
         state: &str,
         fence: &Fence,
     ) -> Result<(), StoreError> {
-        let sql = format!(
-            "UPDATE attempts SET state = $2 WHERE id = $1 AND {}",
-            self.fence_sql("attempts.sandbox_id", 3)
-        );
-        let updated = with_pool!(self, pool => sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(id)
-            .bind(state)
-            .bind(&fence.owner)
-            .bind(fence.epoch)
-            .execute(pool)
-            .await?
-            .rows_affected());
-        fenced(updated, id)
+        self.set_attempt_text("state", id, state, fence).await
     }
 
     /// Records an attempt's retries so far (a JSON array, replaced whole) while `fence` holds
@@ -719,13 +707,26 @@ impl Store {
         retries_json: &str,
         fence: &Fence,
     ) -> Result<(), StoreError> {
+        self.set_attempt_text("retries_json", id, retries_json, fence)
+            .await
+    }
+
+    /// Sets one text column of an attempt while `fence` holds its sandbox's lease. `column`
+    /// is one of this file's constants, never caller input.
+    async fn set_attempt_text(
+        &self,
+        column: &'static str,
+        id: &str,
+        value: &str,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
         let sql = format!(
-            "UPDATE attempts SET retries_json = $2 WHERE id = $1 AND {}",
+            "UPDATE attempts SET {column} = $2 WHERE id = $1 AND {}",
             self.fence_sql("attempts.sandbox_id", 3)
         );
         let updated = with_pool!(self, pool => sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
-            .bind(retries_json)
+            .bind(value)
             .bind(&fence.owner)
             .bind(fence.epoch)
             .execute(pool)
