@@ -641,3 +641,66 @@ async fn a_replica_looks_up_an_identity_it_does_not_know_before_refusing_it() {
         std::panic::resume_unwind(panic);
     }
 }
+
+/// The simulated provider keeps its instances in the memory of the replica that placed them
+/// (as the local provider keeps its sandboxes as that replica's children). With a liveness
+/// pass every second on both replicas, B leaves A's sandbox alone while A lives (it cannot
+/// see A's instances: not finding one proves nothing), and marks it failed with
+/// `instance_lost` once A has stopped and left the replica list (its instances ended with
+/// it), revoking its egress on B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_judges_another_replicas_process_local_sandboxes_only_once_it_is_gone() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let cfg = dir.path().join("sandgate.toml");
+    let extra = "[create]\nliveness_interval_secs = 1";
+    std::fs::write(&cfg, config(dir.path(), &ca, None, extra)).unwrap();
+    let origin = start_origin(None).await;
+    let mut a = serve(&cfg);
+    let b = serve(&cfg);
+    let (on_a, on_b) = (Api::new(&a), Api::new(&b));
+    let (status, created) = on_a
+        .call(
+            reqwest::Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"network": {"allow_domains": ["api.a.test"]}})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let token = created["egress"]["token"].as_str().unwrap().to_string();
+    let authority = format!("api.a.test:{}", origin.port());
+    let path = format!("/v1/sandboxes/{id}");
+
+    // Three of B's passes (and A's) go by: the sandbox stays running, served by B.
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let (status, seen) = on_b.call(reqwest::Method::GET, &path, None).await;
+    assert_eq!(status, 200, "{seen}");
+    assert_eq!(seen["state"], "running", "{seen}");
+    connect_tunnel(b.proxy, &authority, Some((&id, &token)))
+        .await
+        .expect("B still serves the sandbox A placed");
+
+    // A stops gracefully (it leaves the replica list); B's next pass finds the instance gone.
+    let stopped = Command::new("kill")
+        .args(["-TERM", &a.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let _ = a.child.wait();
+    until(
+        "B marks the sandbox of the stopped replica lost",
+        || async {
+            let (_, seen) = on_b.call(reqwest::Method::GET, &path, None).await;
+            seen["state"] == "failed"
+        },
+    )
+    .await;
+    let (_, seen) = on_b.call(reqwest::Method::GET, &path, None).await;
+    assert_eq!(seen["error"]["error"]["code"], "instance_lost", "{seen}");
+    let refused = connect_tunnel(b.proxy, &authority, Some((&id, &token)))
+        .await
+        .expect_err("B revoked the lost sandbox's egress");
+    assert_eq!(refused.0, 407, "{}", refused.1);
+}

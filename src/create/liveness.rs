@@ -14,8 +14,12 @@
 //!   the sandbox `failed` with the `instance_lost` error (what the provider said, in
 //!   `details`), and its egress identity is revoked at once. A lookup that fails proves
 //!   nothing and changes nothing.
+//! - **Process-local instances.** The simulated and local providers' instances live in the
+//!   replica that placed them ([`Provider::process_local`]): another replica checks them only
+//!   once that replica has left the replica list (its instances ended with it).
 //!
 //! [`Provider::extend_lifetime`]: crate::providers::Provider::extend_lifetime
+//! [`Provider::process_local`]: crate::providers::Provider::process_local
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,6 +126,9 @@ impl Coordinator {
         let Some(adapter) = self.deps.providers.for_pool(&placement.pool) else {
             return;
         };
+        if adapter.process_local() && !self.can_see(&placement).await {
+            return;
+        }
         match seen(adapter.as_ref(), &placement.instance_id).await {
             Seen::Lost(said) => self.mark_lost(row, &placement, said).await,
             Seen::Live if extend && row.state == "running" => {
@@ -129,6 +136,24 @@ impl Coordinator {
                     .await
             }
             Seen::Live | Seen::Unknown => {}
+        }
+    }
+
+    /// Whether this replica can judge a process-local instance: it placed it, or the
+    /// replica that did is gone (and its instances with it). While that replica lives, only
+    /// it can see the instance, so an unknown instance here proves nothing.
+    async fn can_see(&self, placement: &Placement) -> bool {
+        let own = self.deps.store.origin();
+        let Some(placed_by) = placement.placed_by.as_deref() else {
+            return true;
+        };
+        if placed_by == own {
+            return true;
+        }
+        let since = now_ms() - crate::replicas::LIVE_FOR.as_millis() as i64;
+        match self.deps.store.live_replicas(since).await {
+            Ok(live) => !live.iter().any(|r| r.id == placed_by),
+            Err(_) => false,
         }
     }
 

@@ -105,6 +105,10 @@ pub struct Placement {
     /// The provider's native egress settings the adapter applied (its own field names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lockdown: Option<Value>,
+    /// The replica that placed it (its id in the replica list). Read for process-local
+    /// providers: only that replica can see the instance (see `liveness`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placed_by: Option<String>,
 }
 
 /// Everything the coordinator needs.
@@ -1847,7 +1851,7 @@ impl Coordinator {
                 instance_id,
                 pool: &cand.pool,
                 latency_ms: latency,
-                placement_json: &placement_json(cand, instance_id, lockdown),
+                placement_json: &self.placement_json(cand, instance_id, lockdown),
                 now_ms: now,
                 fence: &job.fence,
             })
@@ -1880,7 +1884,7 @@ impl Coordinator {
         attempt: &AttemptRow,
         instance_id: &str,
     ) -> Result<(), StoreError> {
-        let placement_json = placement_json(cand, instance_id, self.lockdown(job, cand));
+        let placement_json = self.placement_json(cand, instance_id, self.lockdown(job, cand));
         let placed = self
             .deps
             .store
@@ -2058,6 +2062,27 @@ impl Coordinator {
             .map_err(|e| format!("restoring the export {}: {e}", snapshot.id))?;
         tracing::info!(sandbox = %job.row.id, export = %snapshot.id, files = summary.files, bytes = summary.bytes, "filesystem export restored");
         Ok(())
+    }
+
+    /// The placement record of `instance_id` on `cand`'s pool, placed by this replica.
+    fn placement_json(
+        &self,
+        cand: &StoredCandidate,
+        instance_id: &str,
+        lockdown: Option<Value>,
+    ) -> String {
+        let origin = self.deps.store.origin();
+        serde_json::to_string(&Placement {
+            pool: cand.pool.clone(),
+            provider: cand.provider.clone(),
+            account: cand.account.clone(),
+            region: cand.region.clone(),
+            zone: cand.zone.clone(),
+            instance_id: instance_id.to_string(),
+            lockdown,
+            placed_by: (!origin.is_empty()).then(|| origin.to_string()),
+        })
+        .unwrap_or_default()
     }
 
     /// What the adapter set natively for the sandbox's egress on `cand`'s pool (computed
@@ -2375,19 +2400,6 @@ impl Coordinator {
             .delete_samples_before(now - self.deps.config.stats_window_secs as i64 * 1000)
             .await;
     }
-}
-
-fn placement_json(cand: &StoredCandidate, instance_id: &str, lockdown: Option<Value>) -> String {
-    serde_json::to_string(&Placement {
-        pool: cand.pool.clone(),
-        provider: cand.provider.clone(),
-        account: cand.account.clone(),
-        region: cand.region.clone(),
-        zone: cand.zone.clone(),
-        instance_id: instance_id.to_string(),
-        lockdown,
-    })
-    .unwrap_or_default()
 }
 
 /// The associated data a sandbox's egress token is sealed with.

@@ -207,6 +207,10 @@ impl Provider for LocalProvider {
         "local"
     }
 
+    fn process_local(&self) -> bool {
+        true
+    }
+
     fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, ProviderError>> {
         Box::pin(self.do_create(spec))
     }
@@ -420,6 +424,10 @@ pub struct UnavailableLocal {
 impl Provider for UnavailableLocal {
     fn kind(&self) -> &'static str {
         "local"
+    }
+
+    fn process_local(&self) -> bool {
+        true
     }
     fn create(&self, _spec: CreateSpec) -> BoxFuture<'_, Result<Instance, ProviderError>> {
         Box::pin(async move {

@@ -406,6 +406,14 @@ pub trait Provider: Send + Sync + 'static {
         instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>>;
 
+    /// Whether only the process that created an instance can see it (the simulated and
+    /// local providers keep their instances in the replica's memory or as its children).
+    /// Then another replica's `get` answering `None` proves nothing about the instance, and
+    /// the liveness pass leaves it to the replica that placed it while that one is alive.
+    fn process_local(&self) -> bool {
+        false
+    }
+
     /// The provider's native egress settings this adapter applies for `egress` (its own
     /// field names, as sent), shown on the sandbox as its lock-down. `None`: nothing native.
     fn lockdown(&self, egress: &RemoteEgress) -> Option<serde_json::Value> {

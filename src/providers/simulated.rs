@@ -400,6 +400,10 @@ impl Provider for SimulatedProvider {
         "simulated"
     }
 
+    fn process_local(&self) -> bool {
+        true
+    }
+
     fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, ProviderError>> {
         Box::pin(self.do_create(spec))
     }

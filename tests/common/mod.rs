@@ -740,6 +740,13 @@ pub struct Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
+        // A failing test shows what the server said last (a CI log is all there is then).
+        if std::thread::panicking() {
+            let lines = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
+            for line in lines.iter().skip(lines.len().saturating_sub(60)) {
+                eprintln!("[sandgate {}] {line}", self.api);
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
