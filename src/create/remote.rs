@@ -13,8 +13,12 @@
 //! The token is never stored in a view: URLs carry the `{token}` placeholder, filled in
 //! only for the response of the create that made the sandbox.
 
+use sandgate_router::EgressEnforcement;
+use serde_json::Value;
+
+use super::{token_context, Coordinator, Job, StoredCandidate};
 use crate::config::PublicUrl;
-use crate::providers::RemoteEgress;
+use crate::providers::{ErrorClass, ProviderError, RemoteEgress};
 
 /// The proxy address hosted sandboxes are given, and the CA they are told to trust.
 #[derive(Debug, Clone)]
@@ -77,6 +81,92 @@ impl Endpoint {
     /// The proxy URL with the token in place.
     pub fn url_with(&self, token: &str) -> String {
         self.url_template.replace("{token}", token)
+    }
+}
+
+impl Coordinator {
+    /// Where the sandbox on `pool` reaches its proxy (see [`remote`]).
+    pub fn endpoint(&self, pool: Option<&str>, sandbox_id: &str) -> Endpoint {
+        let topo = &self.deps.topology;
+        let pool = pool.and_then(|p| topo.pool(p));
+        let kind = pool.map(|p| topo.providers()[p.provider].kind);
+        if kind == Some(sandgate_router::ProviderKind::Local) {
+            let base = format!("http://127.0.0.1:{}", self.deps.local_proxy_port);
+            return Endpoint {
+                enforcement: "namespace",
+                base: base.clone(),
+                url_template: base,
+                ca_path: crate::localbox::CA_PATH.to_string(),
+            };
+        }
+        let adapter = pool.and_then(|p| self.deps.providers.for_pool(&p.name));
+        let hosted = (
+            self.deps.remote.as_ref(),
+            adapter.and_then(|a| a.ca_path()),
+            pool,
+        );
+        if let (Some(gateway), Some(ca_path), Some(pool)) = hosted {
+            let enforcement = match pool.capabilities.egress {
+                EgressEnforcement::Gateway => Some("gateway"),
+                EgressEnforcement::Advisory => Some("advisory"),
+                _ => None,
+            };
+            if let Some(enforcement) = enforcement {
+                return Endpoint {
+                    enforcement,
+                    base: gateway.url.base(),
+                    url_template: gateway.proxy_url(sandbox_id, "{token}"),
+                    ca_path: ca_path.to_string(),
+                };
+            }
+        }
+        Endpoint {
+            enforcement: "proxy_credentials",
+            base: format!("http://{}", self.deps.proxy_addr),
+            url_template: format!("http://{}:{{token}}@{}", sandbox_id, self.deps.proxy_addr),
+            ca_path: self.deps.ca_cert_path.display().to_string(),
+        }
+    }
+
+    /// The egress a hosted sandbox is created with on `cand`'s pool, when it is given the
+    /// public proxy (a `gateway` or `advisory` pool with `[proxy] public_url`).
+    /// Fails (never creates an open sandbox) when the token cannot be unsealed.
+    pub(super) fn remote_egress(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+    ) -> Result<Option<RemoteEgress>, ProviderError> {
+        let endpoint = self.endpoint(Some(&cand.pool), &job.row.id);
+        let Some(gateway) = self.deps.remote.as_ref() else {
+            return Ok(None);
+        };
+        if !matches!(endpoint.enforcement, "gateway" | "advisory") {
+            return Ok(None);
+        }
+        let token = self
+            .deps
+            .credentials
+            .key()
+            .open(&job.row.token_sealed, &token_context(&job.row.id))
+            .map_err(|_| {
+                ProviderError::new(
+                    ErrorClass::FailedBeforeRunning,
+                    "the sandbox's egress token cannot be unsealed; not creating it without its lock-down",
+                )
+            })?;
+        Ok(Some(gateway.egress(
+            &job.row.id,
+            token.expose(),
+            endpoint.enforcement == "gateway",
+        )))
+    }
+
+    /// What the adapter set natively for the sandbox's egress on `cand`'s pool (computed
+    /// from the same spec it was created with), for its placement record.
+    pub(super) fn lockdown(&self, job: &Job, cand: &StoredCandidate) -> Option<Value> {
+        let adapter = self.deps.providers.for_pool(&cand.pool)?;
+        let egress = self.remote_egress(job, cand).ok()??;
+        adapter.lockdown(&egress)
     }
 }
 

@@ -1,0 +1,407 @@
+//! Attempt and failover on one pool (steps 2 and 3, see [`super`]): the provider create
+//! tagged with the sandbox and attempt ids, skipped while the pool's circuit is open, retried
+//! with backoff within the provisioning window, and its failure classified: the walk advances
+//! to the next ranked pool, the create ends, or an unknown outcome is reconciled first.
+
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use super::{circuit, refusal_reply, Admission, Coordinator, Job, Step, StoredCandidate};
+use crate::base::clock::now_ms;
+use crate::error::ErrorReply;
+use crate::providers::{CreateSpec, ErrorClass, Outcome, ProviderError, Tags};
+use crate::store::sandboxes::{AbandonedRow, AttemptEnd, AttemptRow};
+use crate::store::StoreError;
+
+impl Coordinator {
+    pub(super) async fn start_attempt(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        seq: i64,
+        state: &str,
+    ) -> Result<AttemptRow, StoreError> {
+        let row = AttemptRow {
+            id: format!("{}-a{seq}", job.row.id),
+            sandbox_id: job.row.id.clone(),
+            seq,
+            pool: cand.pool.clone(),
+            provider: cand.provider.clone(),
+            account: cand.account.clone(),
+            state: state.into(),
+            outcome: None,
+            error_class: None,
+            message: None,
+            instance_id: None,
+            started_ms: now_ms(),
+            finished_ms: None,
+            retries_json: None,
+        };
+        self.deps.store.insert_attempt(&row, &job.fence).await?;
+        Ok(row)
+    }
+
+    pub(super) async fn end_attempt(
+        &self,
+        job: &Job,
+        attempt: &AttemptRow,
+        state: &str,
+        class: ErrorClass,
+        message: &str,
+        instance_id: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let outcome = match class.outcome() {
+            Outcome::Advance => "advance",
+            Outcome::Terminal => "terminal",
+            Outcome::Unknown => "unknown",
+        };
+        self.deps
+            .store
+            .finish_attempt(
+                &attempt.id,
+                &AttemptEnd {
+                    state,
+                    outcome,
+                    error_class: Some(class.as_str()),
+                    message: Some(message),
+                    instance_id,
+                    finished_ms: now_ms(),
+                },
+                &job.fence,
+            )
+            .await
+    }
+
+    pub(super) async fn try_pool(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        seq: i64,
+    ) -> Result<Step, StoreError> {
+        // (a) admit, for this pool, now.
+        let adapter = match self.admit(job, cand, seq) {
+            Admission::Attempt(adapter) => adapter,
+            Admission::Skip { class, message } => {
+                let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
+                self.end_attempt(job, &attempt, "advanced", class, &message, None)
+                    .await?;
+                return Ok(Step::Advance);
+            }
+            Admission::Refused {
+                class,
+                layer,
+                reasons,
+            } => {
+                let attempt = self.start_attempt(job, cand, seq, "ended").await?;
+                let message = format!("refused by layer {layer}: {}", reasons.join("; "));
+                self.end_attempt(job, &attempt, "ended", class, &message, None)
+                    .await?;
+                return Ok(Step::End(refusal_reply(class, layer, &cand.pool, reasons)));
+            }
+        };
+
+        // (b) attempt. A pool whose provider keeps failing is skipped at once (its circuit is
+        // open): nothing is sent to a provider that is down.
+        if let circuit::Permit::Open(why) = self.circuits.permit(&cand.pool) {
+            let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
+            self.end_attempt(
+                job,
+                &attempt,
+                "advanced",
+                ErrorClass::CircuitOpen,
+                &why,
+                None,
+            )
+            .await?;
+            return Ok(Step::Advance);
+        }
+        let attempt = AttemptRow {
+            id: format!("{}-a{seq}", job.row.id),
+            sandbox_id: job.row.id.clone(),
+            seq,
+            pool: cand.pool.clone(),
+            provider: cand.provider.clone(),
+            account: cand.account.clone(),
+            state: "in_flight".into(),
+            outcome: None,
+            error_class: None,
+            message: None,
+            instance_id: None,
+            started_ms: now_ms(),
+            finished_ms: None,
+            retries_json: None,
+        };
+        self.deps
+            .store
+            .start_attempt(&attempt, now_ms(), &job.fence)
+            .await?;
+        // The attempt starts now, here: its window is timed on the monotonic clock.
+        let deadline =
+            Instant::now() + Duration::from_millis(self.deps.config.provisioning_window_ms);
+        // A provider snapshot seeds the instance; a filesystem export is written after.
+        let seed = self
+            .snapshot_of(job)
+            .await
+            .filter(|s| s.kind == crate::store::snapshots::PROVIDER_SNAPSHOT)
+            .map(|s| s.id);
+        let mut backoff = self.retry_backoff();
+        let mut retries: Vec<Value> = Vec::new();
+        // Whether a failed call may have made an instance anyway (kept across retries: a
+        // retry that succeeds must not leave that one behind).
+        let mut maybe_created = false;
+        let result = loop {
+            let egress = match self.remote_egress(job, cand) {
+                Ok(egress) => egress,
+                Err(e) => break Err(e),
+            };
+            let spec = CreateSpec {
+                tags: Tags {
+                    sandbox_id: job.row.id.clone(),
+                    attempt_id: attempt.id.clone(),
+                },
+                pool: cand.pool.clone(),
+                account: cand.account.clone(),
+                request: job.request.clone(),
+                env: self.placeholder_env(&job.row.id, &job.row.workspace, &job.body),
+                snapshot: seed.clone(),
+                egress,
+            };
+            let answer = adapter.create(spec).await;
+            self.circuits.record(
+                &cand.pool,
+                match &answer {
+                    Err(e) if circuit::counts(e.class) => Some((e.class, e.message.as_str())),
+                    _ => None,
+                },
+            );
+            let mut e = match answer {
+                Ok(instance) => break Ok(instance),
+                Err(e) => e,
+            };
+            maybe_created |= e.maybe_created;
+            if !e.class.retryable() {
+                break Err(e);
+            }
+            match self.retry_wait(&cand.pool, &e, backoff.next(), deadline) {
+                Ok(wait) => {
+                    tracing::info!(sandbox = %job.row.id, pool = %cand.pool, class = e.class.as_str(), wait_ms = wait.as_millis() as u64, "retrying on the same pool");
+                    retries.push(json!({
+                        "at_ms": now_ms(),
+                        "error_class": e.class.as_str(),
+                        "message": e.message,
+                        "wait_ms": wait.as_millis() as u64,
+                    }));
+                    self.deps
+                        .store
+                        .set_attempt_retries(
+                            &attempt.id,
+                            &Value::from(retries.clone()).to_string(),
+                            &job.fence,
+                        )
+                        .await?;
+                    metrics::counter!("sandgate_create_retries_total", "class" => e.class.as_str())
+                        .increment(1);
+                    tokio::time::sleep(wait).await;
+                }
+                Err(why) => {
+                    e.message = format!("{}; {why}", e.message);
+                    break Err(e);
+                }
+            }
+        };
+        // (c) classify.
+        match result {
+            Ok(instance) => {
+                if maybe_created {
+                    self.drop_duplicates(job, cand, &attempt, &instance.id)
+                        .await;
+                }
+                self.after_running(job, cand, &attempt, &instance.id).await
+            }
+            Err(mut e) => {
+                e.maybe_created |= maybe_created;
+                self.classify(job, cand, &attempt, e).await
+            }
+        }
+    }
+
+    /// The pauses between retries of one attempt: exponential from `retry_backoff_ms` up to
+    /// `retry_backoff_max_ms`, with jitter (so concurrent creates do not retry in step), at
+    /// most `retry_max` of them.
+    pub(super) fn retry_backoff(&self) -> impl Iterator<Item = Duration> {
+        use backon::BackoffBuilder as _;
+        let c = &self.deps.config;
+        let max = Duration::from_millis(c.retry_backoff_max_ms);
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(c.retry_backoff_ms))
+            .with_max_delay(Duration::from_millis(c.retry_backoff_max_ms))
+            .with_max_times(c.retry_max as usize)
+            .with_jitter()
+            .build()
+            // The jitter adds up to the pause again: the maximum stays a maximum.
+            .map(move |pause| pause.min(max))
+    }
+
+    /// How long to wait before retrying `error` on `pool` (the backoff's next pause, or the
+    /// provider's `Retry-After` when longer), or why not to retry: no retry left, the pool's
+    /// circuit opened, or the wait would end past the provisioning window.
+    pub(super) fn retry_wait(
+        &self,
+        pool: &str,
+        error: &ProviderError,
+        next: Option<Duration>,
+        deadline: Instant,
+    ) -> Result<Duration, String> {
+        let Some(pause) = next else {
+            return Err(format!(
+                "not retried: all {} retries were used",
+                self.deps.config.retry_max
+            ));
+        };
+        if !self.circuits.closed(pool) {
+            return Err("not retried: the pool's circuit opened".into());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Some(asked) = error.retry_after.filter(|a| *a >= left) {
+            // Waiting would hold the create past the window: the next pool may serve now.
+            return Err(format!(
+                "not retried: Retry-After {} s ends past the provisioning window ({} ms left)",
+                asked.as_secs(),
+                left.as_millis()
+            ));
+        }
+        let wait = pause.max(error.retry_after.unwrap_or_default());
+        if wait >= left {
+            return Err(format!(
+                "not retried: the next retry (in {} ms) would end past the provisioning window",
+                wait.as_millis()
+            ));
+        }
+        Ok(wait)
+    }
+
+    /// After a retry succeeded where an earlier call may have made an instance too: deletes
+    /// any other instance tagged with the attempt (providers that honour the attempt's
+    /// idempotency key answer the same instance, and nothing is deleted). When the provider
+    /// cannot be asked now, the janitor watches the attempt (never touching the placed one).
+    pub(super) async fn drop_duplicates(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        kept: &str,
+    ) {
+        let Some(adapter) = self.deps.providers.for_pool(&cand.pool) else {
+            return;
+        };
+        match adapter.list_by_tag(&job.row.id, Some(&attempt.id)).await {
+            Ok(found) => {
+                for extra in found.iter().filter(|i| i.id != kept) {
+                    tracing::warn!(sandbox = %job.row.id, pool = %cand.pool, instance = %extra.id, "deleting a duplicate an earlier failed create call made");
+                    if adapter.delete(&extra.id).await.is_err() {
+                        self.watch_attempt(job, cand, attempt, "duplicate_of_retry")
+                            .await;
+                    }
+                }
+            }
+            Err(_) => {
+                self.watch_attempt(job, cand, attempt, "duplicate_of_retry")
+                    .await
+            }
+        }
+    }
+
+    /// Has the janitor watch the attempt for instances (against its own account).
+    pub(super) async fn watch_attempt(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        reason: &str,
+    ) {
+        let now = now_ms();
+        let _ = self
+            .deps
+            .store
+            .record_abandoned(
+                &AbandonedRow {
+                    attempt_id: attempt.id.clone(),
+                    sandbox_id: job.row.id.clone(),
+                    pool: cand.pool.clone(),
+                    account: cand.account.clone(),
+                },
+                reason,
+                now,
+                now + self.deps.config.abandoned_watch_secs as i64 * 1000,
+            )
+            .await;
+    }
+
+    pub(super) async fn classify(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        e: ProviderError,
+    ) -> Result<Step, StoreError> {
+        match e.class.outcome() {
+            // The provider answered a failure that does not prove nothing was made (a 5xx
+            // after the request reached it): look for the attempt's instance before the route
+            // advances, so no duplicate live capacity is created.
+            Outcome::Advance if e.maybe_created && e.instance_id.is_none() => {
+                self.enter_reconciling(job, attempt).await?;
+                self.reconcile_after(job, cand, attempt, Some(&e)).await
+            }
+            Outcome::Advance => {
+                self.end_attempt(
+                    job,
+                    attempt,
+                    "advanced",
+                    e.class,
+                    &e.message,
+                    e.instance_id.as_deref(),
+                )
+                .await?;
+                self.sample(&cand.pool, false, None).await;
+                if let Some(instance) = &e.instance_id {
+                    self.destroy(
+                        &job.row.id,
+                        &cand.pool,
+                        &cand.account,
+                        &attempt.id,
+                        instance,
+                        e.class.as_str(),
+                    )
+                    .await;
+                }
+                Ok(Step::Advance)
+            }
+            Outcome::Terminal => {
+                self.end_attempt(job, attempt, "ended", e.class, &e.message, None)
+                    .await?;
+                let (status, code) = match e.class {
+                    ErrorClass::Billing => (StatusCode::FORBIDDEN, "billing_refused"),
+                    ErrorClass::InvalidRequest => {
+                        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request")
+                    }
+                    ErrorClass::Authority => (StatusCode::FORBIDDEN, "forbidden"),
+                    _ => (StatusCode::FORBIDDEN, "policy_denied"),
+                };
+                Ok(Step::End(
+                    ErrorReply::new(
+                        status,
+                        code,
+                        format!("pool {} refused the create: {}", cand.pool, e.message),
+                    )
+                    .with_details(json!({"pool": cand.pool, "error_class": e.class.as_str()})),
+                ))
+            }
+            Outcome::Unknown => {
+                self.enter_reconciling(job, attempt).await?;
+                self.reconcile(job, cand, attempt).await
+            }
+        }
+    }
+}

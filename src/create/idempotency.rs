@@ -1,0 +1,51 @@
+//! Idempotency keys: a create's `Idempotency-Key` names it for `[create]
+//! idempotency_ttl_secs`. The same key with the same body answers the same sandbox (never its
+//! token again); with another body, a conflict.
+
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use super::{internal, Coordinator};
+use crate::error::ErrorReply;
+use crate::store::sandboxes::IN_FLIGHT_STATES;
+
+impl Coordinator {
+    /// Same key: the same sandbox, when the body is the same too, without its token (that
+    /// was shown once, to the create that made it; see [`Coordinator::respond`]).
+    pub(super) async fn replay(
+        &self,
+        held_hash: &str,
+        digest: &str,
+        sandbox_id: &str,
+    ) -> Result<(StatusCode, Value), ErrorReply> {
+        if held_hash != digest {
+            return Err(ErrorReply::new(
+                StatusCode::CONFLICT,
+                "idempotency_conflict",
+                "this Idempotency-Key was used with a different request body",
+            )
+            .with_details(json!({"sandbox_id": sandbox_id})));
+        }
+        // Give the original request's short wait a chance to finish, then answer as it did.
+        // Local waits run on the monotonic clock: a wall-clock step must not cut or stretch them.
+        let deadline = Instant::now() + Duration::from_millis(self.deps.config.short_wait_ms);
+        loop {
+            let row = self
+                .deps
+                .store
+                .get_sandbox(sandbox_id)
+                .await
+                .map_err(internal)?;
+            let in_flight = row
+                .as_ref()
+                .is_some_and(|r| IN_FLIGHT_STATES.contains(&r.state.as_str()));
+            if !in_flight || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        self.respond(sandbox_id, None).await
+    }
+}

@@ -1,0 +1,211 @@
+//! The background work of a coordinator: the lease heartbeat, the janitor (creates whose
+//! lease expired resumed, late instances of abandoned attempts deleted, ended lifetimes
+//! expired) and the start-up restore of running sandboxes' identities.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+
+use super::{Coordinator, Placement};
+use crate::base::clock::now_ms;
+use crate::error::ErrorReply;
+use crate::store::sandboxes::SandboxRow;
+use crate::store::StoreError;
+
+impl Coordinator {
+    /// Starts the lease heartbeat and the janitor; the janitor's first pass runs at once so
+    /// creates left by a crashed process are resumed as soon as their lease expires.
+    pub fn spawn_background(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        let this = self.clone();
+        tasks.push(tokio::spawn(async move {
+            let every = Duration::from_millis((this.deps.config.lease_ttl_ms / 3).max(30));
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = this
+                    .deps
+                    .store
+                    .renew_leases(&this.owner, this.lease_expiry())
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not renew create leases");
+                }
+            }
+        }));
+        let this = self.clone();
+        tasks.push(tokio::spawn(async move {
+            let every = Duration::from_millis(this.deps.config.janitor_interval_ms);
+            loop {
+                this.janitor_pass().await;
+                tokio::time::sleep(every).await;
+            }
+        }));
+        tasks.extend(self.spawn_account_checks());
+        tasks.extend(self.spawn_liveness());
+        tasks
+    }
+
+    /// One janitor pass: resume creates whose lease expired, delete late instances of
+    /// abandoned attempts, drop expired idempotency keys and old samples.
+    pub async fn janitor_pass(self: &Arc<Self>) {
+        let now = now_ms();
+        match self
+            .deps
+            .store
+            .claim_expired_creates(&self.owner, now, self.lease_expiry())
+            .await
+        {
+            Ok(ids) => {
+                for id in ids {
+                    tracing::info!(sandbox = %id, "resuming an in-flight create whose lease expired");
+                    let this = self.clone();
+                    tokio::spawn(async move { this.drive(&id).await });
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "janitor: cannot claim expired creates"),
+        }
+        match self.deps.store.watched_abandoned(now).await {
+            Ok(rows) => {
+                for row in rows {
+                    let Some(adapter) = self.deps.providers.for_pool(&row.pool) else {
+                        continue;
+                    };
+                    let attempt =
+                        (!row.attempt_id.ends_with("-placed")).then_some(row.attempt_id.as_str());
+                    let listed = adapter.list_by_tag(&row.sandbox_id, attempt).await;
+                    // Backs off per attempt, whatever the answer: an instance that has not
+                    // appeared is ever less likely to, and a failing provider is not hammered.
+                    let _ = self
+                        .deps
+                        .store
+                        .abandoned_checked(
+                            &row.attempt_id,
+                            now,
+                            self.deps.config.janitor_interval_ms as i64,
+                            self.deps.config.abandoned_check_max_secs as i64 * 1000,
+                        )
+                        .await;
+                    let Ok(found) = listed else {
+                        continue;
+                    };
+                    // Never touch the instance a sandbox is placed on.
+                    let placed = self
+                        .deps
+                        .store
+                        .get_sandbox(&row.sandbox_id)
+                        .await
+                        .ok()
+                        .flatten()
+                        .filter(|s| s.state != "deleted")
+                        .and_then(|s| s.placement_json)
+                        .and_then(|p| serde_json::from_str::<Placement>(&p).ok())
+                        .map(|p| p.instance_id);
+                    let mut n = 0;
+                    for instance in found {
+                        if Some(&instance.id) == placed.as_ref() {
+                            continue;
+                        }
+                        if adapter.delete(&instance.id).await.is_ok() {
+                            tracing::info!(sandbox = %row.sandbox_id, pool = %row.pool, account = %row.account, instance = %instance.id, "janitor deleted a late instance");
+                            n += 1;
+                        }
+                    }
+                    if n > 0 {
+                        let _ = self
+                            .deps
+                            .store
+                            .count_abandoned_deleted(&row.attempt_id, n)
+                            .await;
+                        metrics::counter!("sandgate_janitor_deleted_instances_total").increment(n);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "janitor: cannot list abandoned attempts"),
+        }
+        self.expire_sandboxes(now).await;
+        let _ = self.deps.store.purge_idempotency_keys(now).await;
+        let _ = self
+            .deps
+            .store
+            .delete_samples_before(now - self.deps.config.stats_window_secs as i64 * 1000)
+            .await;
+    }
+
+    /// Deletes the sandboxes whose lifetime has ended. Every replica's janitor may find the
+    /// same one; deleting it twice is harmless.
+    pub(super) async fn expire_sandboxes(&self, now: i64) {
+        let ids = match self.deps.store.expired_sandboxes(now, 100).await {
+            Ok(ids) => ids,
+            Err(e) => return tracing::warn!(error = %e, "janitor: cannot list expired sandboxes"),
+        };
+        for id in ids {
+            tracing::info!(sandbox = %id, "the sandbox's lifetime ended; deleting it");
+            match self.delete(&id).await {
+                Ok(_) => metrics::counter!("sandgate_sandboxes_expired_total").increment(1),
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e.message, "cannot delete an expired sandbox")
+                }
+            }
+        }
+    }
+
+    /// At start-up: register the identities of running sandboxes again. With
+    /// `reconcile_instances` (the control plane), a sandbox whose provider positively says its
+    /// instance is gone is marked failed first; a proxy replica only serves identities and
+    /// leaves the judgement to the control plane (it may not even reach the providers).
+    pub async fn restore(&self, reconcile_instances: bool) -> Result<usize, StoreError> {
+        let since = now_ms() - self.deps.config.stats_window_secs as i64 * 1000;
+        let rows = self.deps.store.samples_since(since).await?;
+        {
+            let mut windows = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+            for (pool, at, success, latency) in rows {
+                windows.entry(pool).or_default().push(at, success, latency);
+            }
+        }
+        let rows = self.deps.store.running_sandboxes().await?;
+        let mut restored = 0;
+        for row in &rows {
+            if reconcile_instances && self.instance_lost(row).await {
+                let error = ErrorReply::new(
+                    StatusCode::GONE,
+                    "instance_lost",
+                    "the sandbox's instance no longer exists at its provider (local sandboxes do not survive a gateway restart)",
+                );
+                let error_json = serde_json::to_string(&error.body()).unwrap_or_default();
+                self.deps
+                    .store
+                    .transition_sandbox(
+                        &row.id,
+                        &["running", "paused", "stopped"],
+                        "failed",
+                        None,
+                        Some(&error_json),
+                        now_ms(),
+                    )
+                    .await?;
+                tracing::warn!(sandbox = %row.id, "sandbox instance lost; marked failed");
+                continue;
+            }
+            self.register_identity(row).await;
+            restored += 1;
+        }
+        Ok(restored)
+    }
+
+    /// Whether the provider positively says the placed instance is gone (an error or no
+    /// adapter proves nothing: the sandbox is kept).
+    pub(super) async fn instance_lost(&self, row: &SandboxRow) -> bool {
+        let Some(placement) = row
+            .placement_json
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<Placement>(p).ok())
+        else {
+            return false;
+        };
+        let Some(adapter) = self.deps.providers.for_pool(&placement.pool) else {
+            return false;
+        };
+        matches!(adapter.get(&placement.instance_id).await, Ok(None))
+    }
+}
