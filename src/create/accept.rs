@@ -8,6 +8,8 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
+use sandgate_router::{Explanation, Route, RouteContext};
+
 use super::{
     internal, no_eligible_reply, record, token_context, Coordinator, CreateBody, StoredCandidate,
     StoredPrincipal,
@@ -18,7 +20,45 @@ use crate::base::Principal;
 use crate::credentials::Secret;
 use crate::error::ErrorReply;
 use crate::identity::Identity;
-use crate::store::sandboxes::{IdempotencyClaim, InsertOutcome, SandboxRow};
+use crate::store::sandboxes::{InsertOutcome, SandboxRow};
+use crate::store::snapshots::SnapshotRow;
+
+/// A create request that passed the checks made before anything is read from the store.
+struct Accepted {
+    body: CreateBody,
+    /// The workspace the sandbox is made in (the body's, else the caller's).
+    workspace: String,
+    /// The body's digest: an `Idempotency-Key` is held with it.
+    digest: String,
+    /// When the create was accepted (its record's created time).
+    now: i64,
+}
+
+/// Where a create may be placed: routing's answer and what it was computed from, kept
+/// together because the placement record borrows them.
+struct Routed {
+    ctx: RouteContext,
+    explanation: Explanation,
+    route: Route,
+    /// The snapshot the create names, if any.
+    snapshot: Option<SnapshotRow>,
+    /// The route's candidates that can restore `snapshot` (all of them without one).
+    candidates: Vec<StoredCandidate>,
+}
+
+impl Routed {
+    /// The placement record stored with the sandbox (and shown by a dry run).
+    fn record(&self, now: i64, stats_window_secs: u64) -> record::PlacementRecord<'_> {
+        record::PlacementRecord::new(
+            now,
+            &self.ctx,
+            stats_window_secs,
+            &self.explanation,
+            self.snapshot.as_ref().map(|s| (s, &self.route)),
+            &self.candidates,
+        )
+    }
+}
 
 impl Coordinator {
     /// `POST /v1/sandboxes`. Returns the status (`201` placed, `202` still working) and the
@@ -31,61 +71,71 @@ impl Coordinator {
         body: Value,
         idempotency_key: Option<String>,
     ) -> Result<(StatusCode, Value), ErrorReply> {
-        let body = CreateBody::parse(body).map_err(|e| {
-            ErrorReply::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                format!("`{}`: {}", e.field, e.message),
-            )
-            .with_details(json!({"field": e.field}))
-        })?;
-        let workspace = body
-            .workspace
-            .clone()
-            .unwrap_or_else(|| caller.workspace.clone());
-        if !caller.may_manage(&workspace) {
-            return Err(ErrorReply::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                format!("this principal may not create sandboxes in workspace {workspace:?}"),
-            ));
-        }
-        if let Some(key) = &idempotency_key {
-            if key.is_empty() || key.len() > 255 {
-                return Err(ErrorReply::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "Idempotency-Key must be 1 to 255 characters",
-                ));
-            }
-        }
-        let digest = body.digest(&workspace);
-        let now = now_ms();
+        let req = accept(caller, body, idempotency_key.as_deref())?;
         // A dry run neither claims nor looks up the key: it is not the create the key names.
-        if let Some(key) = idempotency_key.as_ref().filter(|_| !body.dry_run) {
-            if let Some((hash, sandbox_id)) = self
-                .deps
-                .store
-                .find_idempotency_key(&workspace, key, now)
-                .await
-                .map_err(internal)?
-            {
-                return self.replay(&hash, &digest, &sandbox_id).await;
+        if let Some(key) = idempotency_key.as_ref().filter(|_| !req.body.dry_run) {
+            if let Some((hash, sandbox_id)) = self.held_key(&req.workspace, key, req.now).await? {
+                return self.replay(&hash, &req.digest, &sandbox_id).await;
             }
         }
 
         // Credentials must exist in the workspace (bound again, by name, when it runs).
         let id = format!("sb-{}", random_hex(12));
+        self.check_credentials(&id, &req)?;
+        let routed = self.route_create(&req).await?;
+        let record = routed.record(req.now, self.deps.config.stats_window_secs);
+        if req.body.dry_run {
+            let plan = self.dry_run(
+                caller,
+                &id,
+                &req.workspace,
+                &req.body,
+                &routed.candidates,
+                &record,
+            );
+            return Ok((StatusCode::OK, plan));
+        }
+
+        let token = random_hex(24);
+        let row = self.new_row(caller, &id, &req, &routed.candidates, &record, &token)?;
+        let claim = self.claim(idempotency_key.as_deref(), &req.digest, req.now);
+        match self
+            .deps
+            .store
+            .insert_sandbox(&row, &self.owner, self.lease_expiry(), claim, req.now)
+            .await
+            .map_err(internal)?
+        {
+            InsertOutcome::Created => {}
+            InsertOutcome::Existing {
+                sandbox_id,
+                body_hash,
+            } => return self.replay(&body_hash, &req.digest, &sandbox_id).await,
+        }
+        metrics::counter!("sandgate_sandbox_creates_total").increment(1);
+
+        let this = self.clone();
+        let job_id = id.clone();
+        let mut handle = tokio::spawn(async move { this.drive(&job_id).await });
+        let wait = Duration::from_millis(self.deps.config.short_wait_ms);
+        let _ = tokio::time::timeout(wait, &mut handle).await;
+        self.respond(&id, Some(&token)).await
+    }
+
+    /// Runs once the request is accepted, before routing: the credentials it names must be
+    /// bindable in the workspace now (they are bound again, by name, when it runs), so a
+    /// create naming a missing one is refused at once instead of failing on every pool.
+    fn check_credentials(&self, id: &str, req: &Accepted) -> Result<(), ErrorReply> {
         Identity::new(
-            id.clone(),
+            id.to_string(),
             Vec::new(),
-            workspace.clone(),
+            req.workspace.clone(),
             vec![],
             BTreeMap::new(),
         )
         .bind(
             None,
-            &body.credentials,
+            &req.body.credentials,
             self.deps.credentials.as_ref(),
             |i| format!("credentials[{i}]"),
         )
@@ -103,15 +153,21 @@ impl Coordinator {
             )
             .with_details(json!({"field": key}))
         })?;
+        Ok(())
+    }
 
-        let request = body.request.clone();
+    /// Routes the create when it is accepted: the ranked candidate pools, kept only where
+    /// the snapshot it names can be restored. No eligible pool, or none that can restore the
+    /// snapshot, refuses the create before anything is recorded.
+    async fn route_create(&self, req: &Accepted) -> Result<Routed, ErrorReply> {
+        let request = &req.body.request;
         let ctx = self
-            .route_context_for(Some(&request), Some(&workspace))
+            .route_context_for(Some(request), Some(&req.workspace))
             .await
             .map_err(internal)?;
         let (route, explanation) = sandgate_router::route_recorded(
             &self.deps.topology,
-            &request,
+            request,
             &ctx,
             record::INELIGIBLE_POOLS_KEPT,
         );
@@ -119,8 +175,8 @@ impl Coordinator {
             Ok(route) => route,
             Err(no) => return Err(no_eligible_reply(no)),
         };
-        let snapshot = match &body.snapshot {
-            Some(snapshot) => Some(self.snapshot_row(snapshot, &workspace).await?),
+        let snapshot = match &req.body.snapshot {
+            Some(snapshot) => Some(self.snapshot_row(snapshot, &req.workspace).await?),
             None => None,
         };
         let candidates: Vec<StoredCandidate> = route
@@ -143,29 +199,36 @@ impl Coordinator {
         if let (Some(snapshot), true) = (&snapshot, candidates.is_empty()) {
             return Err(self.unrestorable(snapshot, &route));
         }
-        let record = record::PlacementRecord::new(
-            now,
-            &ctx,
-            self.deps.config.stats_window_secs,
-            &explanation,
-            snapshot.as_ref().map(|s| (s, &route)),
-            &candidates,
-        );
-        if body.dry_run {
-            let plan = self.dry_run(caller, &id, &workspace, &body, &candidates, &record);
-            return Ok((StatusCode::OK, plan));
-        }
+        Ok(Routed {
+            ctx,
+            explanation,
+            route,
+            snapshot,
+            candidates,
+        })
+    }
 
-        let token = random_hex(24);
+    /// The sandbox's record as a routed create is inserted: `pending`, its egress `token`
+    /// sealed, its body stored with `env` sealed, and the candidates the walk will try.
+    fn new_row(
+        &self,
+        caller: &Principal,
+        id: &str,
+        req: &Accepted,
+        candidates: &[StoredCandidate],
+        record: &record::PlacementRecord<'_>,
+        token: &str,
+    ) -> Result<SandboxRow, ErrorReply> {
         let sealed = self
             .deps
             .credentials
             .key()
-            .seal(&Secret::new(token.clone()), &token_context(&id))
+            .seal(&Secret::new(token.to_string()), &token_context(id))
             .map_err(internal)?;
-        let row = SandboxRow {
-            id: id.clone(),
-            workspace: workspace.clone(),
+        let now = req.now;
+        Ok(SandboxRow {
+            id: id.to_string(),
+            workspace: req.workspace.clone(),
             principal_json: serde_json::to_string(&StoredPrincipal {
                 principal: caller.principal.clone(),
                 workspace: caller.workspace.clone(),
@@ -173,42 +236,60 @@ impl Coordinator {
             })
             .map_err(internal)?,
             state: "pending".into(),
-            request_json: self.stored_body(&body, &id)?,
-            labels_json: serde_json::to_string(&request.labels).map_err(internal)?,
-            candidates_json: serde_json::to_string(&candidates).map_err(internal)?,
+            request_json: self.stored_body(&req.body, id)?,
+            labels_json: serde_json::to_string(&req.body.request.labels).map_err(internal)?,
+            candidates_json: serde_json::to_string(candidates).map_err(internal)?,
             placement_json: None,
             placement_record_json: Some(record.to_json()),
             error_json: None,
             token_sealed: sealed,
             created_ms: now,
             updated_ms: now,
-            expires_ms: body.ttl_secs.map(|t| now + t as i64 * 1000),
-        };
-        let claim = idempotency_key.as_deref().map(|key| IdempotencyClaim {
-            key,
-            body_hash: &digest,
-            expires_ms: now + self.deps.config.idempotency_ttl_secs as i64 * 1000,
-        });
-        match self
-            .deps
-            .store
-            .insert_sandbox(&row, &self.owner, self.lease_expiry(), claim, now)
-            .await
-            .map_err(internal)?
-        {
-            InsertOutcome::Created => {}
-            InsertOutcome::Existing {
-                sandbox_id,
-                body_hash,
-            } => return self.replay(&body_hash, &digest, &sandbox_id).await,
-        }
-        metrics::counter!("sandgate_sandbox_creates_total").increment(1);
-
-        let this = self.clone();
-        let job_id = id.clone();
-        let mut handle = tokio::spawn(async move { this.drive(&job_id).await });
-        let wait = Duration::from_millis(self.deps.config.short_wait_ms);
-        let _ = tokio::time::timeout(wait, &mut handle).await;
-        self.respond(&id, Some(&token)).await
+            expires_ms: req.body.ttl_secs.map(|t| now + t as i64 * 1000),
+        })
     }
+}
+
+/// The checks a create passes before anything is read from the store: the body parses, the
+/// caller may manage the workspace, and the `Idempotency-Key` (if any) has a valid length.
+fn accept(
+    caller: &Principal,
+    body: Value,
+    idempotency_key: Option<&str>,
+) -> Result<Accepted, ErrorReply> {
+    let body = CreateBody::parse(body).map_err(|e| {
+        ErrorReply::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("`{}`: {}", e.field, e.message),
+        )
+        .with_details(json!({"field": e.field}))
+    })?;
+    let workspace = body
+        .workspace
+        .clone()
+        .unwrap_or_else(|| caller.workspace.clone());
+    if !caller.may_manage(&workspace) {
+        return Err(ErrorReply::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this principal may not create sandboxes in workspace {workspace:?}"),
+        ));
+    }
+    if let Some(key) = idempotency_key {
+        if key.is_empty() || key.len() > 255 {
+            return Err(ErrorReply::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "Idempotency-Key must be 1 to 255 characters",
+            ));
+        }
+    }
+    let digest = body.digest(&workspace);
+    Ok(Accepted {
+        body,
+        workspace,
+        digest,
+        now: now_ms(),
+    })
 }

@@ -9,9 +9,39 @@ use serde_json::{json, Value};
 
 use super::{internal, Coordinator};
 use crate::error::ErrorReply;
-use crate::store::sandboxes::IN_FLIGHT_STATES;
+use crate::store::sandboxes::{IdempotencyClaim, IN_FLIGHT_STATES};
 
 impl Coordinator {
+    /// Looked up when a create (not a dry run) arrives with a key: the body digest and sandbox
+    /// the key already names in the workspace, if it is held and has not expired.
+    pub(super) async fn held_key(
+        &self,
+        workspace: &str,
+        key: &str,
+        now: i64,
+    ) -> Result<Option<(String, String)>, ErrorReply> {
+        self.deps
+            .store
+            .find_idempotency_key(workspace, key, now)
+            .await
+            .map_err(internal)
+    }
+
+    /// The claim a new create's key makes as its sandbox is inserted (in the same
+    /// transaction, so two creates with one key cannot both make a sandbox).
+    pub(super) fn claim<'a>(
+        &self,
+        key: Option<&'a str>,
+        digest: &'a str,
+        now: i64,
+    ) -> Option<IdempotencyClaim<'a>> {
+        key.map(|key| IdempotencyClaim {
+            key,
+            body_hash: digest,
+            expires_ms: now + self.deps.config.idempotency_ttl_secs as i64 * 1000,
+        })
+    }
+
     /// Same key: the same sandbox, when the body is the same too, without its token (that
     /// was shown once, to the create that made it; see [`Coordinator::respond`]).
     pub(super) async fn replay(
