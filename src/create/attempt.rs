@@ -3,6 +3,7 @@
 //! with backoff within the provisioning window, and its failure classified: the walk advances
 //! to the next ranked pool, the create ends, or an unknown outcome is reconciled first.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -11,7 +12,7 @@ use serde_json::{json, Value};
 use super::{circuit, refusal_reply, Admission, Coordinator, Job, Step, StoredCandidate};
 use crate::base::clock::now_ms;
 use crate::error::ErrorReply;
-use crate::providers::{CreateSpec, ErrorClass, Outcome, ProviderError, Tags};
+use crate::providers::{CreateSpec, ErrorClass, Instance, Outcome, Provider, ProviderError, Tags};
 use crate::store::sandboxes::{AbandonedRow, AttemptEnd, AttemptRow};
 use crate::store::StoreError;
 
@@ -74,6 +75,8 @@ impl Coordinator {
             .await
     }
 
+    /// One candidate pool, when the walk reaches it: (a) admit, (b) attempt (with retries),
+    /// (c) classify; a running instance then goes through the runtime check.
     pub(super) async fn try_pool(
         &self,
         job: &Job,
@@ -81,13 +84,50 @@ impl Coordinator {
         seq: i64,
     ) -> Result<Step, StoreError> {
         // (a) admit, for this pool, now.
-        let adapter = match self.admit(job, cand, seq) {
-            Admission::Attempt(adapter) => adapter,
+        let adapter = match self.admit_or_record(job, cand, seq).await? {
+            Ok(adapter) => adapter,
+            Err(step) => return Ok(step),
+        };
+        // (b) attempt.
+        if self.skip_open_circuit(job, cand, seq).await? {
+            return Ok(Step::Advance);
+        }
+        let attempt = self.begin_attempt(job, cand, seq).await?;
+        let (result, maybe_created) = self
+            .create_with_retries(job, cand, adapter.as_ref(), &attempt)
+            .await?;
+        // (c) classify.
+        match result {
+            Ok(instance) => {
+                if maybe_created {
+                    self.drop_duplicates(job, cand, &attempt, &instance.id)
+                        .await;
+                }
+                self.after_running(job, cand, &attempt, &instance.id).await
+            }
+            Err(mut e) => {
+                e.maybe_created |= maybe_created;
+                self.classify(job, cand, &attempt, e).await
+            }
+        }
+    }
+
+    /// (a) Admits the pool ([`Coordinator::admit`]) and records a pool that is not admitted
+    /// as an attempt that never reached the provider: a skip advances the walk, a refusal
+    /// ends the create. `Ok(adapter)` when the pool may be attempted.
+    async fn admit_or_record(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        seq: i64,
+    ) -> Result<Result<Arc<dyn Provider>, Step>, StoreError> {
+        match self.admit(job, cand, seq) {
+            Admission::Attempt(adapter) => Ok(Ok(adapter)),
             Admission::Skip { class, message } => {
                 let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
                 self.end_attempt(job, &attempt, "advanced", class, &message, None)
                     .await?;
-                return Ok(Step::Advance);
+                Ok(Err(Step::Advance))
             }
             Admission::Refused {
                 class,
@@ -98,25 +138,46 @@ impl Coordinator {
                 let message = format!("refused by layer {layer}: {}", reasons.join("; "));
                 self.end_attempt(job, &attempt, "ended", class, &message, None)
                     .await?;
-                return Ok(Step::End(refusal_reply(class, layer, &cand.pool, reasons)));
+                Ok(Err(Step::End(refusal_reply(
+                    class, layer, &cand.pool, reasons,
+                ))))
             }
-        };
-
-        // (b) attempt. A pool whose provider keeps failing is skipped at once (its circuit is
-        // open): nothing is sent to a provider that is down.
-        if let circuit::Permit::Open(why) = self.circuits.permit(&cand.pool) {
-            let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
-            self.end_attempt(
-                job,
-                &attempt,
-                "advanced",
-                ErrorClass::CircuitOpen,
-                &why,
-                None,
-            )
-            .await?;
-            return Ok(Step::Advance);
         }
+    }
+
+    /// (b) Before anything is sent: a pool whose provider keeps failing is skipped at once
+    /// (its circuit is open), recorded as an advanced `circuit_open` attempt, so nothing is
+    /// sent to a provider that is down. Returns whether it was skipped.
+    async fn skip_open_circuit(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        seq: i64,
+    ) -> Result<bool, StoreError> {
+        let circuit::Permit::Open(why) = self.circuits.permit(&cand.pool) else {
+            return Ok(false);
+        };
+        let attempt = self.start_attempt(job, cand, seq, "advanced").await?;
+        self.end_attempt(
+            job,
+            &attempt,
+            "advanced",
+            ErrorClass::CircuitOpen,
+            &why,
+            None,
+        )
+        .await?;
+        Ok(true)
+    }
+
+    /// (b) Records the attempt `in_flight` (under the lease) before the provider is called:
+    /// a coordinator that dies during the call leaves it for its successor to reconcile.
+    async fn begin_attempt(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        seq: i64,
+    ) -> Result<AttemptRow, StoreError> {
         let attempt = AttemptRow {
             id: format!("{}-a{seq}", job.row.id),
             sandbox_id: job.row.id.clone(),
@@ -137,6 +198,21 @@ impl Coordinator {
             .store
             .start_attempt(&attempt, now_ms(), &job.fence)
             .await?;
+        Ok(attempt)
+    }
+
+    /// (b) The provider create of a recorded attempt, retried on the same pool while its
+    /// failures are retryable and a retry fits (see [`Coordinator::retry_wait`]); every call's
+    /// answer feeds the pool's circuit. Returns the last answer, and whether any failed call
+    /// may have made an instance anyway (kept across retries: a retry that succeeds must not
+    /// leave that one behind).
+    async fn create_with_retries(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        adapter: &dyn Provider,
+        attempt: &AttemptRow,
+    ) -> Result<(Result<Instance, ProviderError>, bool), StoreError> {
         // The attempt starts now, here: its window is timed on the monotonic clock.
         let deadline =
             Instant::now() + Duration::from_millis(self.deps.config.provisioning_window_ms);
@@ -148,25 +224,11 @@ impl Coordinator {
             .map(|s| s.id);
         let mut backoff = self.retry_backoff();
         let mut retries: Vec<Value> = Vec::new();
-        // Whether a failed call may have made an instance anyway (kept across retries: a
-        // retry that succeeds must not leave that one behind).
         let mut maybe_created = false;
-        let result = loop {
-            let egress = match self.remote_egress(job, cand) {
-                Ok(egress) => egress,
-                Err(e) => break Err(e),
-            };
-            let spec = CreateSpec {
-                tags: Tags {
-                    sandbox_id: job.row.id.clone(),
-                    attempt_id: attempt.id.clone(),
-                },
-                pool: cand.pool.clone(),
-                account: cand.account.clone(),
-                request: job.request.clone(),
-                env: self.placeholder_env(&job.row.id, &job.row.workspace, &job.body),
-                snapshot: seed.clone(),
-                egress,
+        loop {
+            let spec = match self.create_spec(job, cand, attempt, seed.clone()) {
+                Ok(spec) => spec,
+                Err(e) => return Ok((Err(e), maybe_created)),
             };
             let answer = adapter.create(spec).await;
             self.circuits.record(
@@ -177,54 +239,81 @@ impl Coordinator {
                 },
             );
             let mut e = match answer {
-                Ok(instance) => break Ok(instance),
+                Ok(instance) => return Ok((Ok(instance), maybe_created)),
                 Err(e) => e,
             };
             maybe_created |= e.maybe_created;
             if !e.class.retryable() {
-                break Err(e);
+                return Ok((Err(e), maybe_created));
             }
             match self.retry_wait(&cand.pool, &e, backoff.next(), deadline) {
                 Ok(wait) => {
-                    tracing::info!(sandbox = %job.row.id, pool = %cand.pool, class = e.class.as_str(), wait_ms = wait.as_millis() as u64, "retrying on the same pool");
-                    retries.push(json!({
-                        "at_ms": now_ms(),
-                        "error_class": e.class.as_str(),
-                        "message": e.message,
-                        "wait_ms": wait.as_millis() as u64,
-                    }));
-                    self.deps
-                        .store
-                        .set_attempt_retries(
-                            &attempt.id,
-                            &Value::from(retries.clone()).to_string(),
-                            &job.fence,
-                        )
+                    self.record_retry(job, cand, attempt, &mut retries, &e, wait)
                         .await?;
-                    metrics::counter!("sandgate_create_retries_total", "class" => e.class.as_str())
-                        .increment(1);
                     tokio::time::sleep(wait).await;
                 }
                 Err(why) => {
                     e.message = format!("{}; {why}", e.message);
-                    break Err(e);
+                    return Ok((Err(e), maybe_created));
                 }
-            }
-        };
-        // (c) classify.
-        match result {
-            Ok(instance) => {
-                if maybe_created {
-                    self.drop_duplicates(job, cand, &attempt, &instance.id)
-                        .await;
-                }
-                self.after_running(job, cand, &attempt, &instance.id).await
-            }
-            Err(mut e) => {
-                e.maybe_created |= maybe_created;
-                self.classify(job, cand, &attempt, e).await
             }
         }
+    }
+
+    /// What the provider is asked to create for the attempt, built again for each call:
+    /// fails (never creates an open sandbox) when its egress lock-down cannot be made.
+    fn create_spec(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        seed: Option<String>,
+    ) -> Result<CreateSpec, ProviderError> {
+        let egress = self.remote_egress(job, cand)?;
+        Ok(CreateSpec {
+            tags: Tags {
+                sandbox_id: job.row.id.clone(),
+                attempt_id: attempt.id.clone(),
+            },
+            pool: cand.pool.clone(),
+            account: cand.account.clone(),
+            request: job.request.clone(),
+            env: self.placeholder_env(&job.row.id, &job.row.workspace, &job.body),
+            snapshot: seed,
+            egress,
+        })
+    }
+
+    /// Runs before each retry's pause: the retry is logged, added to the attempt's stored
+    /// `retries` (under the lease, so the view shows why the attempt is taking longer) and
+    /// counted by class.
+    async fn record_retry(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        retries: &mut Vec<Value>,
+        e: &ProviderError,
+        wait: Duration,
+    ) -> Result<(), StoreError> {
+        tracing::info!(sandbox = %job.row.id, pool = %cand.pool, class = e.class.as_str(), wait_ms = wait.as_millis() as u64, "retrying on the same pool");
+        retries.push(json!({
+            "at_ms": now_ms(),
+            "error_class": e.class.as_str(),
+            "message": e.message,
+            "wait_ms": wait.as_millis() as u64,
+        }));
+        self.deps
+            .store
+            .set_attempt_retries(
+                &attempt.id,
+                &Value::from(retries.clone()).to_string(),
+                &job.fence,
+            )
+            .await?;
+        metrics::counter!("sandgate_create_retries_total", "class" => e.class.as_str())
+            .increment(1);
+        Ok(())
     }
 
     /// The pauses between retries of one attempt: exponential from `retry_backoff_ms` up to
