@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{Coordinator, Job, Step, StoredCandidate};
 use crate::base::clock::now_ms;
-use crate::providers::{ErrorClass, InstanceState, ProviderError};
+use crate::providers::{ErrorClass, Instance, InstanceState, Provider, ProviderError};
 use crate::store::sandboxes::{AbandonedRow, AttemptRow};
 use crate::store::StoreError;
 
@@ -96,55 +96,21 @@ impl Coordinator {
                 Ok(found) => {
                     if let Some(running) = found.iter().find(|i| i.state == InstanceState::Running)
                     {
-                        for extra in found.iter().filter(|i| i.id != running.id) {
-                            let _ = adapter.delete(&extra.id).await;
-                        }
-                        // Its create did not finish it (e.g. the CA of a locked-down sandbox
-                        // is written after the provider made it): finish it now.
-                        let egress = self.remote_egress(job, cand);
-                        let adopted = match &egress {
-                            Ok(egress) => adapter.adopt(&running.id, egress.as_ref()).await,
-                            Err(e) => Err(e.clone()),
-                        };
-                        if let Err(e) = adopted {
-                            self.end_attempt(
+                        return self
+                            .adopt_running(
                                 job,
+                                cand,
                                 attempt,
-                                "advanced",
-                                e.class,
-                                &e.message,
-                                Some(&running.id),
-                            )
-                            .await?;
-                            self.sample(&cand.pool, false, None).await;
-                            self.destroy(
-                                &job.row.id,
-                                &cand.pool,
-                                &cand.account,
-                                &attempt.id,
+                                adapter.as_ref(),
+                                &found,
                                 &running.id,
-                                "not_adopted",
                             )
                             .await;
-                            return Ok(Step::Advance);
-                        }
-                        return self.after_running(job, cand, attempt, &running.id).await;
                     }
                     if !found.is_empty() && found.iter().all(|i| i.state == InstanceState::Failed) {
-                        for i in &found {
-                            let _ = adapter.delete(&i.id).await;
-                        }
-                        self.end_attempt(
-                            job,
-                            attempt,
-                            "advanced",
-                            ErrorClass::FailedBeforeRunning,
-                            "the reconciled instance failed before running",
-                            Some(&found[0].id),
-                        )
-                        .await?;
-                        self.sample(&cand.pool, false, None).await;
-                        return Ok(Step::Advance);
+                        return self
+                            .reconciled_failed(job, cand, attempt, adapter.as_ref(), &found)
+                            .await;
                     }
                     if found.iter().any(|i| i.state == InstanceState::Starting) {
                         // It exists and is starting: wait for it within the provisioning window.
@@ -168,6 +134,76 @@ impl Coordinator {
         }
     }
 
+    /// Runs when a reconcile listing shows the attempt's instance running: the other
+    /// instances tagged with the attempt are deleted (an attempt keeps one), and the running
+    /// one is adopted and goes through the runtime check. One that cannot be adopted is
+    /// destroyed and the route advances.
+    async fn adopt_running(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        adapter: &dyn Provider,
+        found: &[Instance],
+        running: &str,
+    ) -> Result<Step, StoreError> {
+        for extra in found.iter().filter(|i| i.id != running) {
+            let _ = adapter.delete(&extra.id).await;
+        }
+        // Its create did not finish it (e.g. the CA of a locked-down sandbox
+        // is written after the provider made it): finish it now.
+        let egress = self.remote_egress(job, cand);
+        let adopted = match &egress {
+            Ok(egress) => adapter.adopt(running, egress.as_ref()).await,
+            Err(e) => Err(e.clone()),
+        };
+        if let Err(e) = adopted {
+            self.end_attempt(job, attempt, "advanced", e.class, &e.message, Some(running))
+                .await?;
+            self.sample(&cand.pool, false, None).await;
+            self.destroy(
+                &job.row.id,
+                &cand.pool,
+                &cand.account,
+                &attempt.id,
+                running,
+                "not_adopted",
+            )
+            .await;
+            return Ok(Step::Advance);
+        }
+        self.after_running(job, cand, attempt, running).await
+    }
+
+    /// Runs when every instance a reconcile listing shows for the attempt has failed: they
+    /// are deleted, the attempt ends `failed_before_running` and the route advances.
+    async fn reconciled_failed(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        adapter: &dyn Provider,
+        found: &[Instance],
+    ) -> Result<Step, StoreError> {
+        for i in found {
+            let _ = adapter.delete(&i.id).await;
+        }
+        self.end_attempt(
+            job,
+            attempt,
+            "advanced",
+            ErrorClass::FailedBeforeRunning,
+            "the reconciled instance failed before running",
+            Some(&found[0].id),
+        )
+        .await?;
+        self.sample(&cand.pool, false, None).await;
+        Ok(Step::Advance)
+    }
+
+    /// Runs when a reconcile ends without an instance to adopt: the attempt ends
+    /// `abandoned` (under the lease), the janitor watches it for a late instance against its
+    /// own account, and the sandbox goes back to `provisioning` for the next pool.
     pub(super) async fn abandon(
         &self,
         job: &Job,
