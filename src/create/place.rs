@@ -3,16 +3,21 @@
 //! (its placement recorded under the lease, its egress identity registered, its provider's
 //! clock aligned).
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use super::{Coordinator, Job, Placement, Step, StoredCandidate};
 use crate::base::clock::now_ms;
-use crate::providers::{ErrorClass, ProviderError};
+use crate::providers::{ErrorClass, Provider, ProviderError};
 use crate::store::sandboxes::{AttemptRow, IN_FLIGHT_STATES};
 use crate::store::StoreError;
 
 impl Coordinator {
-    /// (d) runtime check, then (e) keep the first success.
+    /// (d) runtime check, then (e) keep the first success. Runs once an attempt's instance
+    /// is running (created, or adopted by a reconcile): an instance that falls short of the
+    /// request, or into which the create's filesystem export cannot be written, is destroyed
+    /// and the route advances.
     pub(super) async fn after_running(
         &self,
         job: &Job,
@@ -21,7 +26,51 @@ impl Coordinator {
         instance_id: &str,
     ) -> Result<Step, StoreError> {
         let adapter = self.deps.providers.for_pool(&cand.pool);
-        let caps = match &adapter {
+        let rejected = match self
+            .runtime_shortfall(job, cand, adapter.as_deref(), instance_id)
+            .await
+        {
+            Some(message) => Some((ErrorClass::RuntimeShortfall, message, "runtime_shortfall")),
+            None => self
+                .restore_export(job, cand, instance_id)
+                .await
+                .err()
+                .map(|message| {
+                    let class = ErrorClass::FailedBeforeRunning;
+                    (class, message, "export_not_restored")
+                }),
+        };
+        if let Some((class, message, reason)) = rejected {
+            self.end_attempt(job, attempt, "advanced", class, &message, Some(instance_id))
+                .await?;
+            self.sample(&cand.pool, false, None).await;
+            self.destroy(
+                &job.row.id,
+                &cand.pool,
+                &cand.account,
+                &attempt.id,
+                instance_id,
+                reason,
+            )
+            .await;
+            return Ok(Step::Advance);
+        }
+        self.keep_success(job, cand, attempt, instance_id, adapter)
+            .await
+    }
+
+    /// (d) The runtime check of a running instance: what it falls short of the request by
+    /// (the capabilities its adapter reads, against the request and the pool's baseline), as
+    /// the attempt's message; `None` when it serves. Capabilities that cannot be read count
+    /// as a shortfall: an instance is kept only when it is known to serve.
+    async fn runtime_shortfall(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        adapter: Option<&dyn Provider>,
+        instance_id: &str,
+    ) -> Option<String> {
+        let caps = match adapter {
             Some(a) => a.capabilities(instance_id).await,
             None => Err(ProviderError::new(ErrorClass::Unsupported, "no adapter")),
         };
@@ -29,54 +78,26 @@ impl Coordinator {
             Ok(c) => c.shortfall(&job.request, cand.baseline),
             Err(e) => vec![format!("capabilities could not be read: {e}")],
         };
-        if !shortfall.is_empty() {
-            let message = format!(
+        (!shortfall.is_empty()).then(|| {
+            format!(
                 "the running instance falls short of the request: {}",
                 shortfall.join(", ")
-            );
-            self.end_attempt(
-                job,
-                attempt,
-                "advanced",
-                ErrorClass::RuntimeShortfall,
-                &message,
-                Some(instance_id),
             )
-            .await?;
-            self.sample(&cand.pool, false, None).await;
-            self.destroy(
-                &job.row.id,
-                &cand.pool,
-                &cand.account,
-                &attempt.id,
-                instance_id,
-                "runtime_shortfall",
-            )
-            .await;
-            return Ok(Step::Advance);
-        }
-        if let Err(message) = self.restore_export(job, cand, instance_id).await {
-            self.end_attempt(
-                job,
-                attempt,
-                "advanced",
-                ErrorClass::FailedBeforeRunning,
-                &message,
-                Some(instance_id),
-            )
-            .await?;
-            self.sample(&cand.pool, false, None).await;
-            self.destroy(
-                &job.row.id,
-                &cand.pool,
-                &cand.account,
-                &attempt.id,
-                instance_id,
-                "export_not_restored",
-            )
-            .await;
-            return Ok(Step::Advance);
-        }
+        })
+    }
+
+    /// (e) Keeps the first success, once the instance passed the runtime check: the pool's
+    /// success sample, the attempt and the placement recorded under the lease, then the
+    /// egress identity and the provider's clock. A sandbox deleted meanwhile is not placed
+    /// and its instance is destroyed.
+    async fn keep_success(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        attempt: &AttemptRow,
+        instance_id: &str,
+        adapter: Option<Arc<dyn Provider>>,
+    ) -> Result<Step, StoreError> {
         let lockdown = self.lockdown(job, cand);
         let now = now_ms();
         let latency = (now - attempt.started_ms) as f64;
