@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::{Coordinator, CreateBody, Job, Step, StoredCandidate, StoredPrincipal};
 use crate::base::clock::now_ms;
 use crate::error::ErrorReply;
-use crate::store::sandboxes::{Fence, IN_FLIGHT_STATES};
+use crate::store::sandboxes::{AttemptRow, Fence, IN_FLIGHT_STATES};
 use crate::store::StoreError;
 
 impl Coordinator {
@@ -87,7 +87,9 @@ impl Coordinator {
         }
     }
 
-    pub(super) async fn drive_inner(self: &Arc<Self>, id: &str) -> Result<(), StoreError> {
+    /// [`Coordinator::drive`]: the walk itself, under the create's lease. A create resumed
+    /// after a crash continues from its record (see the module doc).
+    async fn drive_inner(self: &Arc<Self>, id: &str) -> Result<(), StoreError> {
         // Only a create whose lease this coordinator holds is driven, under that lease's
         // epoch (a create inserted here, or claimed by this janitor).
         let Some(fence) = self
@@ -107,15 +109,8 @@ impl Coordinator {
         }
         let attempts = self.deps.store.list_attempts(id).await?;
         let mut seq = attempts.iter().map(|a| a.seq).max().unwrap_or(0);
-        // A success recorded just before a crash: finish it.
-        if let Some(done) = attempts.iter().find(|a| a.state == "succeeded") {
-            if let Some(instance) = &done.instance_id {
-                let cand = job.candidates.iter().find(|c| c.pool == done.pool).cloned();
-                if let Some(cand) = cand {
-                    self.place(&job, &cand, done, instance).await?;
-                    return Ok(());
-                }
-            }
+        if self.finish_recorded_success(&job, &attempts).await? {
+            return Ok(());
         }
         // Attempts left in flight by a dead coordinator have an unknown outcome: reconcile
         // each before anything else is tried.
@@ -152,13 +147,40 @@ impl Coordinator {
                 Step::End(e) => return self.fail(&job, e).await,
             }
         }
-        let attempts = self.deps.store.list_attempts(id).await?;
+        self.fail_exhausted(&job).await
+    }
+
+    /// Runs first when a create is resumed: a success recorded just before a crash is
+    /// finished (placed under this lease) instead of being tried again. Returns whether it
+    /// was.
+    async fn finish_recorded_success(
+        &self,
+        job: &Job,
+        attempts: &[AttemptRow],
+    ) -> Result<bool, StoreError> {
+        let Some(done) = attempts.iter().find(|a| a.state == "succeeded") else {
+            return Ok(false);
+        };
+        let Some(instance) = &done.instance_id else {
+            return Ok(false);
+        };
+        let Some(cand) = job.candidates.iter().find(|c| c.pool == done.pool).cloned() else {
+            return Ok(false);
+        };
+        self.place(job, &cand, done, instance).await?;
+        Ok(true)
+    }
+
+    /// Runs when the walk ran out of candidates: the create fails with `creation_failed`,
+    /// one summary line per attempt (read again: the walk's last attempts are in the store).
+    async fn fail_exhausted(&self, job: &Job) -> Result<(), StoreError> {
+        let attempts = self.deps.store.list_attempts(&job.row.id).await?;
         let summary: Vec<Value> = attempts
             .iter()
             .map(|a| json!({"pool": a.pool, "provider": a.provider, "account": a.account, "error_class": a.error_class}))
             .collect();
         self.fail(
-            &job,
+            job,
             ErrorReply::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "creation_failed",
