@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use super::{Coordinator, Placement};
 use crate::base::clock::now_ms;
 use crate::error::ErrorReply;
-use crate::store::sandboxes::SandboxRow;
+use crate::store::sandboxes::{AbandonedRow, SandboxRow};
 use crate::store::StoreError;
 
 impl Coordinator {
@@ -50,6 +50,27 @@ impl Coordinator {
     /// abandoned attempts, drop expired idempotency keys and old samples.
     pub async fn janitor_pass(self: &Arc<Self>) {
         let now = now_ms();
+        self.resume_expired_creates(now).await;
+        match self.deps.store.watched_abandoned(now).await {
+            Ok(rows) => {
+                for row in rows {
+                    self.check_abandoned(&row, now).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "janitor: cannot list abandoned attempts"),
+        }
+        self.expire_sandboxes(now).await;
+        let _ = self.deps.store.purge_idempotency_keys(now).await;
+        let _ = self
+            .deps
+            .store
+            .delete_samples_before(now - self.deps.config.stats_window_secs as i64 * 1000)
+            .await;
+    }
+
+    /// First in each janitor pass: claims the creates whose lease expired (their coordinator
+    /// died or was cut off) and drives each again from its record, under this coordinator.
+    async fn resume_expired_creates(self: &Arc<Self>, now: i64) {
         match self
             .deps
             .store
@@ -65,71 +86,63 @@ impl Coordinator {
             }
             Err(e) => tracing::warn!(error = %e, "janitor: cannot claim expired creates"),
         }
-        match self.deps.store.watched_abandoned(now).await {
-            Ok(rows) => {
-                for row in rows {
-                    let Some(adapter) = self.deps.providers.for_pool(&row.pool) else {
-                        continue;
-                    };
-                    let attempt =
-                        (!row.attempt_id.ends_with("-placed")).then_some(row.attempt_id.as_str());
-                    let listed = adapter.list_by_tag(&row.sandbox_id, attempt).await;
-                    // Backs off per attempt, whatever the answer: an instance that has not
-                    // appeared is ever less likely to, and a failing provider is not hammered.
-                    let _ = self
-                        .deps
-                        .store
-                        .abandoned_checked(
-                            &row.attempt_id,
-                            now,
-                            self.deps.config.janitor_interval_ms as i64,
-                            self.deps.config.abandoned_check_max_secs as i64 * 1000,
-                        )
-                        .await;
-                    let Ok(found) = listed else {
-                        continue;
-                    };
-                    // Never touch the instance a sandbox is placed on.
-                    let placed = self
-                        .deps
-                        .store
-                        .get_sandbox(&row.sandbox_id)
-                        .await
-                        .ok()
-                        .flatten()
-                        .filter(|s| s.state != "deleted")
-                        .and_then(|s| s.placement_json)
-                        .and_then(|p| serde_json::from_str::<Placement>(&p).ok())
-                        .map(|p| p.instance_id);
-                    let mut n = 0;
-                    for instance in found {
-                        if Some(&instance.id) == placed.as_ref() {
-                            continue;
-                        }
-                        if adapter.delete(&instance.id).await.is_ok() {
-                            tracing::info!(sandbox = %row.sandbox_id, pool = %row.pool, account = %row.account, instance = %instance.id, "janitor deleted a late instance");
-                            n += 1;
-                        }
-                    }
-                    if n > 0 {
-                        let _ = self
-                            .deps
-                            .store
-                            .count_abandoned_deleted(&row.attempt_id, n)
-                            .await;
-                        metrics::counter!("sandgate_janitor_deleted_instances_total").increment(n);
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "janitor: cannot list abandoned attempts"),
-        }
-        self.expire_sandboxes(now).await;
-        let _ = self.deps.store.purge_idempotency_keys(now).await;
+    }
+
+    /// Each janitor pass, for each abandoned attempt due a check: asks its provider (against
+    /// the attempt's own account) for instances tagged with it and deletes every one that
+    /// showed up late, never the instance a sandbox is placed on. An attempt id ending in
+    /// `-placed` watches the sandbox's placed instance (its delete failed), by sandbox tag.
+    async fn check_abandoned(&self, row: &AbandonedRow, now: i64) {
+        let Some(adapter) = self.deps.providers.for_pool(&row.pool) else {
+            return;
+        };
+        let attempt = (!row.attempt_id.ends_with("-placed")).then_some(row.attempt_id.as_str());
+        let listed = adapter.list_by_tag(&row.sandbox_id, attempt).await;
+        // Backs off per attempt, whatever the answer: an instance that has not
+        // appeared is ever less likely to, and a failing provider is not hammered.
         let _ = self
             .deps
             .store
-            .delete_samples_before(now - self.deps.config.stats_window_secs as i64 * 1000)
+            .abandoned_checked(
+                &row.attempt_id,
+                now,
+                self.deps.config.janitor_interval_ms as i64,
+                self.deps.config.abandoned_check_max_secs as i64 * 1000,
+            )
             .await;
+        let Ok(found) = listed else {
+            return;
+        };
+        // Never touch the instance a sandbox is placed on.
+        let placed = self
+            .deps
+            .store
+            .get_sandbox(&row.sandbox_id)
+            .await
+            .ok()
+            .flatten()
+            .filter(|s| s.state != "deleted")
+            .and_then(|s| s.placement_json)
+            .and_then(|p| serde_json::from_str::<Placement>(&p).ok())
+            .map(|p| p.instance_id);
+        let mut n = 0;
+        for instance in found {
+            if Some(&instance.id) == placed.as_ref() {
+                continue;
+            }
+            if adapter.delete(&instance.id).await.is_ok() {
+                tracing::info!(sandbox = %row.sandbox_id, pool = %row.pool, account = %row.account, instance = %instance.id, "janitor deleted a late instance");
+                n += 1;
+            }
+        }
+        if n > 0 {
+            let _ = self
+                .deps
+                .store
+                .count_abandoned_deleted(&row.attempt_id, n)
+                .await;
+            metrics::counter!("sandgate_janitor_deleted_instances_total").increment(n);
+        }
     }
 
     /// Deletes the sandboxes whose lifetime has ended. Every replica's janitor may find the
