@@ -1,5 +1,5 @@
-//! Admitting one candidate pool when the walk reaches it (step 1, see [`super`]): the
-//! `sandgate.creation` and `sandgate.provider` Rego layers for this pool, then whether the pool
+//! Admitting one candidate pool when the walk reaches it (step 1, see the module doc of `create`):
+//! the `sandgate.creation` and `sandgate.provider` Rego layers for this pool, then whether the pool
 //! can serve at all (bound credentials, an adapter). It records nothing, so a dry run (see
 //! `dry_run`) asks exactly what the walk asks.
 

@@ -1,7 +1,7 @@
-//! Attempt and failover on one pool (steps 2 and 3, see [`super`]): the provider create
-//! tagged with the sandbox and attempt ids, skipped while the pool's circuit is open, retried
-//! with backoff within the provisioning window, and its failure classified: the walk advances
-//! to the next ranked pool, the create ends, or an unknown outcome is reconciled first.
+//! Attempt and failover on one pool (steps 2 and 3, see the module doc of `create`): the provider
+//! create tagged with the sandbox and attempt ids, skipped while the pool's circuit is open,
+//! retried with backoff within the provisioning window, and its failure classified: the walk
+//! advances to the next ranked pool, the create ends, or an unknown outcome is reconciled first.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

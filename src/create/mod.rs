@@ -18,6 +18,13 @@
 //! renews; after a crash the lease expires and the create is resumed (any attempt left
 //! in flight is treated as an unknown outcome and reconciled first), so no record is lost
 //! and no duplicate instance is kept.
+//!
+//! One concern a file, each with its own `impl Coordinator`: `accept` (the API entry) and
+//! `idempotency`; the walk in `walk`, `admit` (step 1), `attempt` (steps 2 and 3, retries and
+//! the circuit breaker of `circuit`), `reconcile` (unknown outcomes) and `place` (steps 4 and
+//! 5); `snapshot` (creating from saved state); `respond` (the reply to the caller) and `view`;
+//! `lifecycle` (timeout, delete); `secrets` (sealed env, token, egress identity); `janitor`
+//! (leases, abandoned attempts, expiry, start-up restore), `liveness` and `follow`.
 
 mod accept;
 mod admit;

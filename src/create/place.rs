@@ -1,6 +1,6 @@
-//! Steps 4 and 5 (see [`super`]): the running instance is checked against the request, a
-//! filesystem export it was created from is written into it, and the first success is kept
-//! (its placement recorded under the lease, its egress identity registered, its provider's
+//! Steps 4 and 5 (see the module doc of `create`): the running instance is checked against the
+//! request, a filesystem export it was created from is written into it, and the first success is
+//! kept (its placement recorded under the lease, its egress identity registered, its provider's
 //! clock aligned).
 
 use std::sync::Arc;

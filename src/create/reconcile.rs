@@ -1,6 +1,6 @@
-//! Reconciling an attempt whose outcome is unknown (step 3, see [`super`]): the provider is
-//! asked for instances tagged with the attempt before anything else is tried. A running one is
-//! adopted (it is this attempt's, on this attempt's account); none within the window is
+//! Reconciling an attempt whose outcome is unknown (step 3, see the module doc of `create`): the
+//! provider is asked for instances tagged with the attempt before anything else is tried. A running
+//! one is adopted (it is this attempt's, on this attempt's account); none within the window is
 //! abandoned to the janitor's watch and the route advances.
 
 use std::time::{Duration, Instant};
