@@ -1,0 +1,20 @@
+//! What a live sandbox uses now (E2B's `get_metrics` through the facade).
+
+use serde_json::json;
+
+use super::authorize::{authorize, instance, op_failed};
+use super::{OpsContext, Principal, LIVE};
+use crate::error::ErrorReply;
+use crate::providers::Usage;
+
+/// Authorizes (`sandgate.lifecycle`, `metrics`) and reads CPU, memory and disk
+/// ([`Provider::usage`](crate::providers::Provider::usage); a provider that cannot tell
+/// answers 501 `unsupported`).
+pub async fn usage(ctx: &OpsContext, caller: &Principal, id: &str) -> Result<Usage, ErrorReply> {
+    let (located, adapter) =
+        authorize(ctx, caller, id, "lifecycle", "metrics", json!({}), LIVE).await?;
+    adapter
+        .usage(instance(&located))
+        .await
+        .map_err(|e| op_failed(ctx, id, e))
+}
