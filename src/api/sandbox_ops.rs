@@ -243,7 +243,7 @@ pub async fn cancel(
     ActionCaller(caller): ActionCaller,
     Path((id, exec_id)): Path<(String, String)>,
 ) -> Response {
-    let detail = json!({"exec": {"exec_id": exec_id}});
+    let detail = crate::operations::OperationDetail::ExecId(&exec_id);
     let authorized =
         crate::operations::commands::authorize_running_command(&state.ops, &caller, &id, detail);
     if let Err(e) = authorized.await {

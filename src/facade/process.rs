@@ -362,7 +362,7 @@ async fn authorize_pid(state: &FacadeState, call: &EnvdCall, pid: u32) -> Result
         &state.ops,
         &call.principal,
         &call.row.id,
-        json!({"exec": {"pid": pid}}),
+        crate::operations::OperationDetail::ExecPid(pid),
     )
     .await
     .map_err(|e| rpc_error(&e))

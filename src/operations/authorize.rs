@@ -4,11 +4,14 @@
 use std::sync::Arc;
 
 use http::StatusCode;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{OpsContext, Principal};
 use crate::create::Located;
 use crate::error::ErrorReply;
+pub use crate::policy::input::OperationDetail;
+use crate::policy::input::{operation_input, SandboxFacts};
+use crate::policy::Layer;
 use crate::providers::{OpError, OpErrorKind, Provider};
 
 /// States an operation on the instance itself accepts.
@@ -74,14 +77,14 @@ pub(crate) fn instance(located: &Located) -> &str {
 }
 
 /// Steps 1 to 3 of the module contract; returns the sandbox and its adapter. `detail` is
-/// merged into the policy input (`exec`, `file`, `snapshot`, ...).
+/// what the policy input says about the operation beyond its name.
 pub async fn authorize(
     ctx: &OpsContext,
     caller: &Principal,
     id: &str,
-    layer: &'static str,
+    layer: Layer,
     operation: &str,
-    detail: Value,
+    detail: OperationDetail<'_>,
     states: &[&str],
 ) -> Result<(Located, Arc<dyn Provider>), ErrorReply> {
     check_delegation_scope(caller, id, operation)?;
@@ -138,12 +141,12 @@ fn decide(
     ctx: &OpsContext,
     caller: &Principal,
     located: &Located,
-    layer: &'static str,
+    layer: Layer,
     operation: &str,
-    detail: Value,
+    detail: OperationDetail<'_>,
 ) -> Result<(), ErrorReply> {
-    let input = policy_input(caller, located, operation, detail);
-    let decision = ctx.policy.evaluate(layer, regorus::Value::from(input));
+    let input = operation_input(operation, caller, &sandbox_facts(located), &detail);
+    let decision = ctx.policy.decide(layer, input);
     if decision.allowed {
         return Ok(());
     }
@@ -154,49 +157,24 @@ fn decide(
         format!("policy ({layer}) refused {operation} on sandbox {id}"),
     )
     .with_details(json!({
-        "layer": layer,
+        "layer": layer.as_str(),
         "operation": operation,
         "reasons": decision.reasons,
         "generation": decision.generation,
     })))
 }
 
-/// The input of the `action` and `lifecycle` layers: operation, principal, sandbox,
-/// delegation, plus `detail`'s keys.
-fn policy_input(caller: &Principal, located: &Located, operation: &str, detail: Value) -> Value {
+/// What policy is told about a located sandbox.
+fn sandbox_facts(located: &Located) -> SandboxFacts<'_> {
     let row = &located.row;
-    let labels: Value = serde_json::from_str(&row.labels_json).unwrap_or(json!({}));
     let placement = located.placement.as_ref();
-    let mut input = json!({
-        "operation": operation,
-        "principal": {
-            "principal": caller.principal,
-            "workspace": caller.workspace,
-            "roles": caller.roles,
-        },
-        "workspace": row.workspace,
-        "sandbox": {
-            "id": row.id,
-            "workspace": row.workspace,
-            "labels": labels,
-            "state": row.state,
-            "pool": placement.map(|p| p.pool.as_str()),
-            "provider": placement.map(|p| p.provider.as_str()),
-            "account": placement.map(|p| p.account.as_str()),
-        },
-        "exec": null,
-        "file": null,
-        "delegation": caller.delegation.as_ref().map(|d| json!({
-            "id": d.id,
-            "agent": d.agent,
-            "actions": d.actions,
-            "expires_ms": d.expires_ms,
-        })),
-    });
-    if let (Some(object), Some(extra)) = (input.as_object_mut(), detail.as_object()) {
-        for (k, v) in extra {
-            object.insert(k.clone(), v.clone());
-        }
+    SandboxFacts {
+        id: &row.id,
+        workspace: &row.workspace,
+        labels_json: &row.labels_json,
+        state: &row.state,
+        pool: placement.map(|p| p.pool.as_str()),
+        provider: placement.map(|p| p.provider.as_str()),
+        account: placement.map(|p| p.account.as_str()),
     }
-    input
 }

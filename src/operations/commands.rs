@@ -5,10 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::json;
-
 use super::authorize::{authorize, instance, invalid, op_failed};
-use super::{OpsContext, Principal};
+use super::{Layer, OperationDetail, OpsContext, Principal};
 use crate::error::ErrorReply;
 use crate::providers::{ExecSpec, ExecStream};
 
@@ -119,14 +117,13 @@ pub async fn start_command(
 ) -> Result<ExecStream, ErrorReply> {
     check_exec(&request)?;
     let timeout = request.timeout_ms.map(Duration::from_millis);
-    // Environment values may hold secrets: policy sees the names only.
-    let detail = json!({"exec": {
-        "argv": request.argv,
-        "cwd": request.cwd,
-        "env_names": request.env.keys().collect::<Vec<_>>(),
-    }});
+    let detail = OperationDetail::Exec {
+        argv: &request.argv,
+        cwd: request.cwd.as_deref(),
+        env_names: request.env.keys().map(String::as_str).collect(),
+    };
     let (located, adapter) =
-        authorize(ctx, caller, id, "action", "exec", detail, &["running"]).await?;
+        authorize(ctx, caller, id, Layer::Action, "exec", detail, &["running"]).await?;
     let stream = adapter
         .exec(
             instance(&located),
@@ -149,9 +146,9 @@ pub async fn authorize_running_command(
     ctx: &OpsContext,
     caller: &Principal,
     id: &str,
-    detail: serde_json::Value,
+    detail: OperationDetail<'_>,
 ) -> Result<(), ErrorReply> {
-    authorize(ctx, caller, id, "action", "exec", detail, super::LIVE)
+    authorize(ctx, caller, id, Layer::Action, "exec", detail, super::LIVE)
         .await
         .map(|_| ())
 }

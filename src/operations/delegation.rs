@@ -4,10 +4,9 @@
 use std::sync::Arc;
 
 use http::StatusCode;
-use serde_json::json;
 
 use super::authorize::invalid;
-use super::{authorize, OpsContext, Principal, ANY_STATE};
+use super::{authorize, Layer, OperationDetail, OpsContext, Principal, ANY_STATE};
 use crate::base::DelegationScope;
 use crate::error::ErrorReply;
 /// Every action-layer operation may be delegated.
@@ -24,11 +23,11 @@ pub fn delegable_lifecycle() -> impl Iterator<Item = &'static str> {
 }
 
 /// The policy layer that decides a delegable operation (`None`: not delegable).
-pub fn layer_of(operation: &str) -> Option<&'static str> {
+pub fn layer_of(operation: &str) -> Option<Layer> {
     if ACTION_OPERATIONS.contains(&operation) {
-        Some("action")
+        Some(Layer::Action)
     } else if delegable_lifecycle().any(|op| op == operation) {
-        Some("lifecycle")
+        Some(Layer::Lifecycle)
     } else {
         None
     }
@@ -56,7 +55,16 @@ pub async fn delegable_actions(
             ));
         };
         // The delegator must hold the authority it hands on, now.
-        authorize(ctx, caller, id, layer, action, json!({}), ANY_STATE).await?;
+        authorize(
+            ctx,
+            caller,
+            id,
+            layer,
+            action,
+            OperationDetail::None,
+            ANY_STATE,
+        )
+        .await?;
         if !actions.contains(action) {
             actions.push(action.clone());
         }

@@ -1,8 +1,8 @@
 //! Deleting a sandbox, decided by `sandgate.lifecycle` (`delete`).
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::{authorize, OpsContext, Principal, ANY_STATE};
+use super::{authorize, Layer, OperationDetail, OpsContext, Principal, ANY_STATE};
 use crate::error::ErrorReply;
 
 /// Authorizes (`sandgate.lifecycle`, `delete`) and deletes a sandbox in any state (a failed
@@ -12,7 +12,16 @@ pub async fn delete_sandbox(
     caller: &Principal,
     id: &str,
 ) -> Result<Option<Value>, ErrorReply> {
-    let authorized = authorize(ctx, caller, id, "lifecycle", "delete", json!({}), ANY_STATE).await;
+    let authorized = authorize(
+        ctx,
+        caller,
+        id,
+        Layer::Lifecycle,
+        "delete",
+        OperationDetail::None,
+        ANY_STATE,
+    )
+    .await;
     match authorized {
         Ok(_) => {}
         // Not yet placed: no adapter, nothing to ask the provider; deleting is still allowed.

@@ -1,10 +1,8 @@
 //! Files: each operation checks its paths, authorizes (`sandgate.action`, `files.*` with
 //! `input.file`) and runs on a live sandbox.
 
-use serde_json::json;
-
 use super::authorize::{authorize, instance, invalid, op_failed};
-use super::{OpsContext, Principal, LIVE};
+use super::{Layer, OperationDetail, OpsContext, Principal, LIVE};
 use crate::error::ErrorReply;
 use crate::providers::{BoxFuture, OpError, Provider};
 
@@ -42,8 +40,12 @@ where
     F: for<'a> FnOnce(&'a dyn Provider, &'a str, &'a C) -> BoxFuture<'a, Result<T, OpError>>,
 {
     check_path("path", path)?;
-    let detail = json!({"file": {"path": path}});
-    let (located, adapter) = authorize(ctx, caller, id, "action", operation, detail, LIVE).await?;
+    let detail = OperationDetail::File {
+        path,
+        destination: None,
+    };
+    let (located, adapter) =
+        authorize(ctx, caller, id, Layer::Action, operation, detail, LIVE).await?;
     op(adapter.as_ref(), instance(&located), with)
         .await
         .map_err(|e| op_failed(ctx, id, e))
@@ -60,9 +62,12 @@ pub async fn move_path(
 ) -> Result<(), ErrorReply> {
     check_path("path", from)?;
     check_path("destination", to)?;
-    let detail = json!({"file": {"path": from, "destination": to}});
+    let detail = OperationDetail::File {
+        path: from,
+        destination: Some(to),
+    };
     let (located, adapter) =
-        authorize(ctx, caller, id, "action", "files.move", detail, LIVE).await?;
+        authorize(ctx, caller, id, Layer::Action, "files.move", detail, LIVE).await?;
     adapter
         .rename(instance(&located), from, to)
         .await

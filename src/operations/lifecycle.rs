@@ -5,7 +5,7 @@ use http::StatusCode;
 use serde_json::{json, Value};
 
 use super::authorize::{authorize, instance, op_failed};
-use super::{OpsContext, Principal};
+use super::{Layer, OperationDetail, OpsContext, Principal};
 use crate::error::ErrorReply;
 use crate::providers::ops::Lifecycle;
 
@@ -31,9 +31,9 @@ pub async fn lifecycle(
         ctx,
         caller,
         id,
-        "lifecycle",
+        Layer::Lifecycle,
         op.as_str(),
-        json!({}),
+        OperationDetail::None,
         op.from_states(),
     )
     .await?;
@@ -65,12 +65,12 @@ pub async fn set_lifetime(
         )
         .with_details(json!({"field": "ttl_secs"})));
     }
-    let detail = json!({"timeout": {"ttl_secs": ttl_secs}});
+    let detail = OperationDetail::Timeout { ttl_secs };
     authorize(
         ctx,
         caller,
         id,
-        "lifecycle",
+        Layer::Lifecycle,
         "set_timeout",
         detail,
         LIFETIME_STATES,

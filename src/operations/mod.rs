@@ -14,6 +14,9 @@
 //! - **Must not import**: `api`, `facade` or `server`; the front ends call in, never the
 //!   other way. No HTTP routes, extractors or wire shapes live here: a front end parses its
 //!   own request into the typed values and renders the result in its own shape.
+//! - **Policy input**: built by [`crate::policy::input::operation_input`] from typed values
+//!   ([`OperationDetail`], the sandbox's facts), the layer named by [`Layer`]; nothing here
+//!   assembles a Rego input by hand.
 //! - **Errors**: [`ErrorReply`](crate::error::ErrorReply) for now (codes and statuses are
 //!   the `/v1` contract; the facade maps them to E2B's shapes).
 //!
@@ -45,7 +48,8 @@ use crate::credentials::CredentialStore;
 use crate::identity::IdentityRegistry;
 use crate::policy::PolicyEngine;
 
-pub use authorize::{authorize, ANY_STATE, LIVE};
+pub use crate::policy::Layer;
+pub use authorize::{authorize, OperationDetail, ANY_STATE, LIVE};
 
 /// What the operations work with, shared by every front end (each holds one clone).
 #[derive(Clone)]

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::authorize::{authorize, instance, invalid, not_found, op_error, op_failed};
 use super::files::MAX_PATH_BYTES;
-use super::{OpsContext, Principal, LIVE};
+use super::{Layer, OperationDetail, OpsContext, Principal, LIVE};
 use crate::error::ErrorReply;
 use crate::store::snapshots::{SnapshotRow, FILESYSTEM_EXPORT, PROVIDER_SNAPSHOT};
 
@@ -71,12 +71,12 @@ pub async fn take_snapshot(
     request: &SnapshotRequest,
 ) -> Result<Value, ErrorReply> {
     request.check()?;
-    let detail = json!({"snapshot": {
-        "kind": request.kind.as_deref().unwrap_or("provider"),
-        "paths": request.paths,
-    }});
+    let detail = OperationDetail::Snapshot {
+        kind: request.kind.as_deref().unwrap_or("provider"),
+        paths: request.paths.as_deref(),
+    };
     let (located, adapter) =
-        authorize(ctx, caller, id, "lifecycle", "snapshot", detail, LIVE).await?;
+        authorize(ctx, caller, id, Layer::Lifecycle, "snapshot", detail, LIVE).await?;
     let Some(placement) = located.placement.clone() else {
         return Err(not_found(id));
     };

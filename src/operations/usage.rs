@@ -1,9 +1,7 @@
 //! What a live sandbox uses now (E2B's `get_metrics` through the facade).
 
-use serde_json::json;
-
 use super::authorize::{authorize, instance, op_failed};
-use super::{OpsContext, Principal, LIVE};
+use super::{Layer, OperationDetail, OpsContext, Principal, LIVE};
 use crate::error::ErrorReply;
 use crate::providers::Usage;
 
@@ -11,8 +9,16 @@ use crate::providers::Usage;
 /// ([`Provider::usage`](crate::providers::Provider::usage); a provider that cannot tell
 /// answers 501 `unsupported`).
 pub async fn usage(ctx: &OpsContext, caller: &Principal, id: &str) -> Result<Usage, ErrorReply> {
-    let (located, adapter) =
-        authorize(ctx, caller, id, "lifecycle", "metrics", json!({}), LIVE).await?;
+    let (located, adapter) = authorize(
+        ctx,
+        caller,
+        id,
+        Layer::Lifecycle,
+        "metrics",
+        OperationDetail::None,
+        LIVE,
+    )
+    .await?;
     adapter
         .usage(instance(&located))
         .await
