@@ -6,7 +6,7 @@
 //!
 //! - **Owns**: the operations themselves, as plain async functions over [`OpsContext`], a
 //!   caller ([`Principal`]), a sandbox id and typed request values: authorization
-//!   ([`authorize`]: find, policy, state, adapter), lifecycle and lifetime ([`lifecycle`]),
+//!   ([`authorize()`]: find, policy, state, adapter), lifecycle and lifetime ([`lifecycle`]),
 //!   commands ([`commands`]), files ([`files`]), snapshots ([`snapshots`]), usage
 //!   ([`usage`]), deletion ([`delete`]) and delegation checks ([`delegation`]).
 //! - **May import**: the layers below it: `store`, `policy`, `create` (the coordinator),
