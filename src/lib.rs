@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod base;
+pub mod callers;
 pub mod cli;
 pub mod config;
 pub mod create;
@@ -21,6 +22,7 @@ pub mod facade;
 pub mod identity;
 pub mod localbox;
 pub mod net;
+pub mod operations;
 pub mod ops;
 pub mod policy;
 pub mod propagation;

@@ -36,7 +36,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Auth(#[from] crate::api::auth::AuthConfigError),
+    Auth(#[from] crate::callers::AuthConfigError),
     #[error(transparent)]
     Facade(#[from] crate::facade::FacadeConfigError),
     #[error(transparent)]
@@ -362,15 +362,18 @@ impl Server {
         tasks.push(follower.spawn(cursor));
         replica.beat(&store, &policy).await?;
         tasks.push(replica.spawn_heartbeat(store.clone(), policy.clone()));
-        let state = crate::api::ApiState {
+        let ops = crate::operations::OpsContext {
             policy: policy.clone(),
             identities,
             credentials,
             auth: Arc::new(api_auth(&config)?),
+            sandboxes: sandboxes.clone(),
+        };
+        let state = crate::api::ApiState {
+            ops: ops.clone(),
             metrics,
             proxy_addr,
             ca_cert_path: ca_cert_path.clone(),
-            sandboxes: sandboxes.clone(),
             execs: Default::default(),
             role: config.role,
             replica: replica.clone(),
@@ -383,7 +386,7 @@ impl Server {
         };
         if let Some((_, listener)) = e2b_listener {
             let key_file = local_e2b_key_file(&config);
-            let facade = crate::facade::FacadeState::new(state.clone(), &config.e2b, &key_file)?;
+            let facade = crate::facade::FacadeState::new(ops, &config.e2b, &key_file)?;
             tasks.push(tokio::spawn(crate::api::listener::serve(
                 listener,
                 crate::facade::router(facade),
@@ -481,13 +484,13 @@ impl Server {
 }
 
 /// `[[api.tokens]]`, or on the embedded defaults a generated local admin token.
-fn api_auth(config: &Config) -> Result<crate::api::auth::ApiAuth, StartError> {
+fn api_auth(config: &Config) -> Result<crate::callers::ApiAuth, StartError> {
     if !config.api.tokens.is_empty() || !config.api.generate_local_token {
-        return Ok(crate::api::auth::ApiAuth::from_config(&config.api.tokens)?);
+        return Ok(crate::callers::ApiAuth::from_config(&config.api.tokens)?);
     }
     let file = local_token_file(config);
     let auth =
-        crate::api::auth::ApiAuth::local_admin(&file).map_err(|source| StartError::LocalToken {
+        crate::callers::ApiAuth::local_admin(&file).map_err(|source| StartError::LocalToken {
             path: file.clone(),
             source,
         })?;

@@ -207,7 +207,7 @@ pub(crate) async fn list(
     if !caller.may_manage(&ws) {
         return forbidden(&ws).into_response();
     }
-    Json(json!({"credentials": state.credentials.list(&ws)})).into_response()
+    Json(json!({"credentials": state.ops.credentials.list(&ws)})).into_response()
 }
 
 /// One credential's metadata (never its secret).
@@ -227,7 +227,7 @@ pub(crate) async fn read(
     if !caller.may_manage(&ws) {
         return forbidden(&ws).into_response();
     }
-    match state.credentials.get(&ws, &name) {
+    match state.ops.credentials.get(&ws, &name) {
         Some(c) => Json(c.view()).into_response(),
         None => error_reply(CredentialError::NotFound {
             workspace: ws,
@@ -286,7 +286,7 @@ pub(crate) async fn create(
         })
         .into_response();
     }
-    match state.credentials.put(meta, body.secret, false).await {
+    match state.ops.credentials.put(meta, body.secret, false).await {
         Ok(meta) => (StatusCode::CREATED, Json(meta)).into_response(),
         Err(e) => error_reply(e).into_response(),
     }
@@ -321,7 +321,7 @@ pub(crate) async fn replace(
     if let Err(e) = check_body(&ws, &body) {
         return e.into_response();
     }
-    if state.credentials.get(&ws, &name).is_none() {
+    if state.ops.credentials.get(&ws, &name).is_none() {
         return error_reply(CredentialError::NotFound {
             workspace: ws,
             name,
@@ -337,7 +337,7 @@ pub(crate) async fn replace(
         placeholder_env: body.placeholder_env,
         scrub_response_body: body.scrub_response_body,
     };
-    match state.credentials.put(meta, body.secret, true).await {
+    match state.ops.credentials.put(meta, body.secret, true).await {
         Ok(meta) => Json(meta).into_response(),
         Err(e) => error_reply(e).into_response(),
     }
@@ -360,7 +360,7 @@ pub(crate) async fn remove(
     if !caller.may_manage(&ws) {
         return forbidden(&ws).into_response();
     }
-    match state.credentials.delete(&ws, &name).await {
+    match state.ops.credentials.delete(&ws, &name).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => error_reply(e).into_response(),
     }

@@ -27,25 +27,13 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::auth::{Caller, DELEGATION_TOKEN_PREFIX};
+use super::auth::Caller;
 use super::body::JsonBody;
 use super::extract::Path;
 use super::ApiState;
+use crate::callers::{token_hash, DELEGATION_TOKEN_PREFIX};
 use crate::error::ErrorReply;
 use crate::store::delegations::DelegationRow;
-
-/// Every action-layer operation may be delegated.
-pub use crate::policy::input::ACTION_OPERATIONS;
-use crate::policy::input::LIFECYCLE_OPERATIONS;
-
-/// Lifecycle operations a delegation may carry: all but `delete`, which stays with the
-/// sandbox's own principals.
-fn delegable_lifecycle() -> impl Iterator<Item = &'static str> {
-    LIFECYCLE_OPERATIONS
-        .iter()
-        .copied()
-        .filter(|op| *op != "delete")
-}
 
 /// Longest delegation.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -54,23 +42,6 @@ pub fn routes() -> Router<ApiState> {
     Router::new()
         .route("/v1/sandboxes/{id}/delegations", post(mint).get(list))
         .route("/v1/delegations/{delegation_id}", delete(revoke))
-}
-
-/// The stored form of a token.
-pub fn token_hash(token: &str) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The policy layer that decides an operation.
-pub fn layer_of(operation: &str) -> Option<&'static str> {
-    if ACTION_OPERATIONS.contains(&operation) {
-        Some("action")
-    } else if delegable_lifecycle().any(|op| op == operation) {
-        Some("lifecycle")
-    } else {
-        None
-    }
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -133,36 +104,13 @@ pub async fn mint(
     if ttl.is_zero() || ttl > MAX_TTL {
         return invalid("ttl_secs", "`ttl_secs` must be between 1 and 604800".into());
     }
-    let mut actions = Vec::new();
-    for (i, action) in body.actions.iter().enumerate() {
-        let Some(layer) = layer_of(action) else {
-            return invalid(
-                &format!("actions[{i}]"),
-                format!(
-                    "`actions[{i}]`: not a delegable operation; use {} or {}",
-                    ACTION_OPERATIONS.join(", "),
-                    delegable_lifecycle().collect::<Vec<_>>().join(", ")
-                ),
-            );
-        };
-        // The delegator must hold the authority it hands on, now.
-        if let Err(e) = super::sandbox_ops::authorize(
-            &state,
-            &caller,
-            &id,
-            layer,
-            action,
-            json!({}),
-            super::sandbox_ops::ANY_STATE,
-        )
-        .await
-        {
-            return e.into_response();
-        }
-        if !actions.contains(action) {
-            actions.push(action.clone());
-        }
-    }
+    let actions =
+        crate::operations::delegation::delegable_actions(&state.ops, &caller, &id, &body.actions)
+            .await;
+    let actions = match actions {
+        Ok(actions) => actions,
+        Err(e) => return e.into_response(),
+    };
     let token = format!(
         "{DELEGATION_TOKEN_PREFIX}{}",
         crate::base::ids::random_hex(24)
@@ -180,7 +128,7 @@ pub async fn mint(
         expires_ms: now + ttl.as_millis() as i64,
         revoked_ms: None,
     };
-    if let Err(e) = state.sandboxes.store().insert_delegation(&row).await {
+    if let Err(e) = state.ops.sandboxes.store().insert_delegation(&row).await {
         return crate::create::internal(e).into_response();
     }
     tracing::info!(sandbox = %id, delegation = %row.id, agent = %row.agent, actions = ?row.actions, principal = %caller.principal, "delegation minted");
@@ -205,7 +153,7 @@ pub async fn list(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    match state.sandboxes.locate(&id).await {
+    match state.ops.sandboxes.locate(&id).await {
         Ok(Some(l)) if caller.may_manage(&l.row.workspace) => {}
         Ok(_) => {
             return ErrorReply::new(
@@ -217,7 +165,7 @@ pub async fn list(
         }
         Err(e) => return e.into_response(),
     }
-    match state.sandboxes.store().list_delegations(&id).await {
+    match state.ops.sandboxes.store().list_delegations(&id).await {
         Ok(rows) => Json(json!({"delegations": rows})).into_response(),
         Err(e) => crate::create::internal(e).into_response(),
     }
@@ -237,7 +185,7 @@ pub async fn revoke(
     Caller(caller): Caller,
     Path(delegation_id): Path<String>,
 ) -> Response {
-    let store = state.sandboxes.store();
+    let store = state.ops.sandboxes.store();
     match store.get_delegation(&delegation_id).await {
         Ok(Some(row)) if caller.may_manage(&row.workspace) => {}
         Ok(_) => {

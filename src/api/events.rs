@@ -131,7 +131,7 @@ pub async fn events(
         Ok(cursor) => cursor,
         Err(refusal) => return refusal.into_response(),
     };
-    let (row, attempts) = match state.sandboxes.progress(&id).await {
+    let (row, attempts) = match state.ops.sandboxes.progress(&id).await {
         Ok(Some(record)) if caller.may_manage(&record.0.workspace) => record,
         Ok(_) => return not_found(&id),
         Err(e) => return crate::create::internal(e).into_response(),
@@ -141,13 +141,13 @@ pub async fn events(
         // 204 tells an EventSource to stop reconnecting.
         return StatusCode::NO_CONTENT.into_response();
     }
-    let limits = state.sandboxes.event_stream_limits();
+    let limits = state.ops.sandboxes.event_stream_limits();
     let Some(slot) = slots.take(limits.max_streams) else {
         metrics::counter!("sandgate_event_streams_refused_total").increment(1);
         return rate_limited(limits.max_streams);
     };
     let follow = Follow {
-        coordinator: state.sandboxes.clone(),
+        coordinator: state.ops.sandboxes.clone(),
         id,
         cursor,
         queue: first.into(),

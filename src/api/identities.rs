@@ -36,7 +36,7 @@ pub async fn env(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    let identity = match state.identities.get(&id) {
+    let identity = match state.ops.identities.get(&id) {
         Some(identity) if caller.may_manage(&identity.workspace) => identity,
         // The same answer for "absent" and "not yours": ids of other workspaces stay private.
         _ => {
@@ -62,7 +62,11 @@ pub async fn env(
     let mut placeholders = BTreeMap::new();
     for binding in &identity.bindings {
         placeholders.insert(binding.name.clone(), binding.placeholder.clone());
-        if let Some(credential) = state.credentials.get(&identity.workspace, &binding.name) {
+        if let Some(credential) = state
+            .ops
+            .credentials
+            .get(&identity.workspace, &binding.name)
+        {
             env.extend(credential.meta.placeholder_vars(&binding.placeholder));
         }
     }

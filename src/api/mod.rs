@@ -32,22 +32,16 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
-use crate::credentials::CredentialStore;
-use crate::identity::IdentityRegistry;
-use crate::policy::PolicyEngine;
-
+/// What the API serves with: the operations layer's context (shared with the E2B facade)
+/// plus what only this HTTP edge needs.
 #[derive(Clone)]
 pub struct ApiState {
-    pub policy: Arc<PolicyEngine>,
-    pub identities: Arc<IdentityRegistry>,
-    pub credentials: Arc<CredentialStore>,
-    pub auth: Arc<auth::ApiAuth>,
+    /// Policy, identities, credentials, callers and the coordinator: what operations need.
+    pub ops: crate::operations::OpsContext,
     pub metrics: PrometheusHandle,
     /// Where sandboxes reach the proxy, for the environment they are given.
     pub proxy_addr: std::net::SocketAddr,
     pub ca_cert_path: std::path::PathBuf,
-    /// Sandbox creation (coordinator, store, router topology).
-    pub sandboxes: Arc<crate::create::Coordinator>,
     /// Running execs, for cancellation by id.
     pub execs: Arc<sandbox_ops::ExecRegistry>,
     /// What this replica serves (`sandgate serve --role`).
@@ -110,10 +104,10 @@ pub async fn livez(State(state): State<ApiState>) -> Response {
     (status = 503, description = "not_ready with details {store, policy_generation}: the store did not answer, or no policy generation is loaded"),
 ))]
 pub async fn readyz(State(state): State<ApiState>) -> Response {
-    let generation = state.policy.status().generation;
+    let generation = state.ops.policy.status().generation;
     let store = tokio::time::timeout(
         std::time::Duration::from_secs(2),
-        state.sandboxes.store().ping(),
+        state.ops.sandboxes.store().ping(),
     )
     .await;
     let store_ok = matches!(store, Ok(Ok(())));
@@ -143,7 +137,7 @@ pub async fn readyz(State(state): State<ApiState>) -> Response {
 /// previous generation is still serving (decisions are still made, so this stays 200).
 #[utoipa::path(get, path = "/healthz", tag = "service", responses((status = 200, description = "{status: ok | degraded, ...}: degraded while the newest policy files failed to load and the previous generation serves")))]
 pub async fn healthz(State(state): State<ApiState>) -> Response {
-    let policy = state.policy.status();
+    let policy = state.ops.policy.status();
     let status = if policy.last_error.is_some() {
         "degraded"
     } else {
@@ -153,7 +147,7 @@ pub async fn healthz(State(state): State<ApiState>) -> Response {
         "status": status,
         "version": env!("CARGO_PKG_VERSION"),
         "policy": policy,
-        "identities": state.identities.len(),
+        "identities": state.ops.identities.len(),
     }))
     .into_response()
 }

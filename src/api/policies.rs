@@ -31,12 +31,12 @@ pub fn routes() -> Router<ApiState> {
     security(("bearer" = []))
 )]
 pub async fn read(State(state): State<ApiState>, Caller(_caller): Caller) -> Response {
-    let mut report = match serde_json::to_value(state.policy.report()) {
+    let mut report = match serde_json::to_value(state.ops.policy.report()) {
         Ok(v) => v,
         Err(e) => return crate::create::internal(e).into_response(),
     };
-    let store = state.sandboxes.store();
-    match state.replica.view(store, &state.policy).await {
+    let store = state.ops.sandboxes.store();
+    match state.replica.view(store, &state.ops.policy).await {
         Ok(Value::Object(replicas)) => {
             if let Some(obj) = report.as_object_mut() {
                 obj.extend(replicas);

@@ -36,7 +36,7 @@ pub fn routes() -> Router<ApiState> {
     security(("bearer" = []))
 )]
 pub async fn list(State(state): State<ApiState>, Caller(_caller): Caller) -> Response {
-    match state.sandboxes.pools().await {
+    match state.ops.sandboxes.pools().await {
         Ok(view) => Json(view).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "pool statistics");

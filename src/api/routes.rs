@@ -54,6 +54,7 @@ pub async fn explain(
         }
     };
     let ctx = match state
+        .ops
         .sandboxes
         // The workspace a create of this body would use (its own, else the caller's).
         .route_context_for(
@@ -73,7 +74,7 @@ pub async fn explain(
             .into_response();
         }
     };
-    let explanation = sandgate_router::explain(state.sandboxes.topology(), &body.request, &ctx);
+    let explanation = sandgate_router::explain(state.ops.sandboxes.topology(), &body.request, &ctx);
     Json(explanation).into_response()
 }
 

@@ -74,7 +74,7 @@ pub async fn create(
             .into_response()
         }
     };
-    match state.sandboxes.create(&caller, body, key).await {
+    match state.ops.sandboxes.create(&caller, body, key).await {
         Ok((status, body)) => (status, Json(body)).into_response(),
         Err(e) => e.into_response(),
     }
@@ -95,7 +95,7 @@ pub async fn read(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    match state.sandboxes.view(&id).await {
+    match state.ops.sandboxes.view(&id).await {
         Ok(Some(view)) if caller.may_manage(view["workspace"].as_str().unwrap_or_default()) => {
             Json(view).into_response()
         }
@@ -120,7 +120,7 @@ impl QueryParams for ListQuery {
 }
 
 /// Sandbox states a list can filter on.
-const STATES: &[&str] = super::sandbox_ops::ANY_STATE;
+const STATES: &[&str] = crate::operations::ANY_STATE;
 
 fn invalid(field: &str, message: String) -> Response {
     ErrorReply::new(StatusCode::BAD_REQUEST, "invalid_request", message)
@@ -205,7 +205,7 @@ pub async fn list(
         after: q.cursor,
         limit,
     };
-    match state.sandboxes.list(&filter).await {
+    match state.ops.sandboxes.list(&filter).await {
         Ok(items) => {
             let next = (items.len() as u32 == limit)
                 .then(|| {
@@ -234,35 +234,9 @@ pub async fn remove(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    match delete_sandbox(&state, &caller, &id).await {
+    match crate::operations::delete::delete_sandbox(&state.ops, &caller, &id).await {
         Ok(Some(view)) => Json(view).into_response(),
         Ok(None) => not_found(&id),
         Err(e) => e.into_response(),
     }
-}
-
-/// Authorizes (`sandgate.lifecycle`, `delete`) and deletes a sandbox in any state (a failed
-/// create included); `None` when there is no such sandbox.
-pub(crate) async fn delete_sandbox(
-    state: &ApiState,
-    caller: &super::auth::Principal,
-    id: &str,
-) -> Result<Option<Value>, ErrorReply> {
-    let authorized = super::sandbox_ops::authorize(
-        state,
-        caller,
-        id,
-        "lifecycle",
-        "delete",
-        json!({}),
-        super::sandbox_ops::ANY_STATE,
-    )
-    .await;
-    match authorized {
-        Ok(_) => {}
-        // Not yet placed: no adapter, nothing to ask the provider; deleting is still allowed.
-        Err(e) if e.code == "unsupported" => {}
-        Err(e) => return Err(e),
-    }
-    state.sandboxes.delete(id).await
 }

@@ -41,8 +41,8 @@ use serde_json::{json, Value};
 
 use super::errors::{api_error, api_reply, ApiRefusal};
 use super::FacadeState;
-use crate::api::auth::Principal;
 use crate::e2b::wire::{self, CreatedSandbox, ListedSandbox, NewSandbox, SandboxDetail};
+use crate::operations::Principal;
 use crate::providers::ops::Lifecycle;
 use crate::store::sandboxes::{ListFilter, SandboxRow};
 
@@ -200,7 +200,7 @@ async fn create(
         Some(Ok(k)) => Some(k.to_string()),
         Some(Err(_)) => return bad_request("Idempotency-Key must be visible ASCII"),
     };
-    let coordinator = &state.api.sandboxes;
+    let coordinator = &state.ops.sandboxes;
     let id = match coordinator.create(caller, translated, key).await {
         Ok((_, view)) => view["id"].as_str().unwrap_or_default().to_string(),
         Err(e) => return api_error(&e),
@@ -215,7 +215,7 @@ async fn create(
                 CREATE_WAIT.as_secs()
             ),
         ),
-        Ok(_) => match state.api.sandboxes.store().get_sandbox(&id).await {
+        Ok(_) => match state.ops.sandboxes.store().get_sandbox(&id).await {
             Ok(Some(row)) => {
                 tracing::info!(sandbox = %id, principal = %caller.principal, "e2b: sandbox created");
                 (StatusCode::CREATED, Json(created(state, &row))).into_response()
@@ -459,7 +459,7 @@ async fn live_row(
     caller: &Principal,
     id: &str,
 ) -> Result<SandboxRow, Response> {
-    match state.api.sandboxes.store().get_sandbox(id).await {
+    match state.ops.sandboxes.store().get_sandbox(id).await {
         Ok(Some(row)) if caller.may_manage(&row.workspace) && e2b_state(&row.state).is_some() => {
             Ok(row)
         }
@@ -499,7 +499,7 @@ fn confined(state: &FacadeState, row: &SandboxRow) -> bool {
         .and_then(|p| serde_json::from_str(p).ok())
         .unwrap_or(Value::Null);
     let endpoint = state
-        .api
+        .ops
         .sandboxes
         .endpoint(placement["pool"].as_str(), &row.id);
     matches!(endpoint.enforcement, "namespace" | "gateway")
@@ -593,7 +593,7 @@ async fn page(
     caller: &Principal,
     q: &ListQuery,
 ) -> Result<(Vec<ListedSandbox>, Option<String>), Response> {
-    let store = state.api.sandboxes.store();
+    let store = state.ops.sandboxes.store();
     let mut out = Vec::new();
     let mut cursor = q.next.clone();
     // Bounded: a filter matching little cannot make one request scan a whole store.
@@ -691,7 +691,7 @@ async fn kill(
     if let Err(answer) = live_row(&state, &caller, &id).await {
         return answer;
     }
-    match crate::api::sandboxes::delete_sandbox(&state.api, &caller, &id).await {
+    match crate::operations::delete::delete_sandbox(&state.ops, &caller, &id).await {
         Ok(Some(_)) => StatusCode::NO_CONTENT.into_response(),
         Ok(None) => not_found(&id),
         Err(e) => api_error(&e),
@@ -714,7 +714,7 @@ async fn set_timeout(
     if let Err(answer) = live_row(&state, &caller, &id).await {
         return answer;
     }
-    match crate::api::sandbox_ops::set_lifetime(&state.api, &caller, &id, timeout).await {
+    match crate::operations::lifecycle::set_lifetime(&state.ops, &caller, &id, timeout).await {
         Ok(Some(_)) => StatusCode::NO_CONTENT.into_response(),
         Ok(None) => not_found(&id),
         Err(e) => api_error(&e),
@@ -732,7 +732,7 @@ async fn extend(
     if row.expires_ms.is_some_and(|end| end >= until) {
         return Ok(());
     }
-    crate::api::sandbox_ops::set_lifetime(&state.api, caller, &row.id, secs)
+    crate::operations::lifecycle::set_lifetime(&state.ops, caller, &row.id, secs)
         .await
         .map(|_| ())
         .map_err(|e| api_error(&e))
@@ -815,7 +815,8 @@ async fn wake(
         }
     };
     let status = match op {
-        Some(op) => match crate::api::sandbox_ops::lifecycle(&state.api, caller, id, op).await {
+        Some(op) => match crate::operations::lifecycle::lifecycle(&state.ops, caller, id, op).await
+        {
             Ok(_) => StatusCode::CREATED,
             Err(e) => return api_error(&e),
         },
@@ -826,7 +827,7 @@ async fn wake(
             return answer;
         }
     }
-    match state.api.sandboxes.store().get_sandbox(id).await {
+    match state.ops.sandboxes.store().get_sandbox(id).await {
         Ok(Some(row)) => (status, Json(created(state, &row))).into_response(),
         _ => not_found(id),
     }
@@ -844,7 +845,8 @@ async fn pause(
     if row.state == "paused" {
         return api_reply(409, None, &format!("Sandbox \"{id}\" is already paused"));
     }
-    match crate::api::sandbox_ops::lifecycle(&state.api, &caller, &id, Lifecycle::Pause).await {
+    match crate::operations::lifecycle::lifecycle(&state.ops, &caller, &id, Lifecycle::Pause).await
+    {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => api_error(&e),
     }
@@ -882,8 +884,8 @@ async fn create_snapshot(
     if let Err(answer) = live_row(&state, &caller, &id).await {
         return answer;
     }
-    let request = crate::api::sandbox_ops::SnapshotBody::default();
-    match crate::api::sandbox_ops::take_snapshot(&state.api, &caller, &id, &request).await {
+    let request = crate::operations::snapshots::SnapshotRequest::default();
+    match crate::operations::snapshots::take_snapshot(&state.ops, &caller, &id, &request).await {
         Ok(view) => {
             let snapshot_id = view["snapshot"]["id"].as_str().unwrap_or_default();
             tracing::info!(sandbox = %id, snapshot = %snapshot_id, principal = %caller.principal, "e2b: snapshot taken");
@@ -907,7 +909,7 @@ async fn metrics(
     if let Err(answer) = live_row(&state, &caller, &id).await {
         return answer;
     }
-    match crate::api::sandbox_ops::usage(&state.api, &caller, &id).await {
+    match crate::operations::usage::usage(&state.ops, &caller, &id).await {
         Ok(u) => {
             let now = crate::base::clock::now_ms();
             Json(json!([{

@@ -1,6 +1,6 @@
 //! envd on the facade's origin: each request names its sandbox ([`super::EnvdTarget`]),
 //! proves it may use it with the sandbox's envd token (`X-Access-Token`), and runs as the
-//! sandbox's creator through `api::sandbox_ops` (the `sandgate.action` layer).
+//! sandbox's creator through `operations::files` (the `sandgate.action` layer).
 //!
 //! - A sandbox that does not exist, is not live or is not running answers what E2B's proxy
 //!   answers: 502 `{code, message, sandboxId}` (the SDKs read it as "not running"). A port
@@ -33,10 +33,10 @@ use subtle::ConstantTimeEq;
 pub use super::call::EnvdCall;
 use super::errors::{message, rpc_error, rpc_reply};
 use super::{EnvdTarget, FacadeState};
-use crate::api::sandbox_ops::{file_action, MAX_FILE_BYTES};
 use crate::e2b::connect::RpcError;
 use crate::e2b::envd::{self, ENVD_PORT};
 use crate::error::ErrorReply;
+use crate::operations::files::{file_action, move_path, MAX_FILE_BYTES};
 use crate::providers::ops::SandboxEntry;
 use crate::store::sandboxes::SandboxRow;
 
@@ -91,7 +91,7 @@ impl FromRequestParts<FacadeState> for EnvdSandbox {
             return Err(envd_error(StatusCode::NOT_FOUND, "not an envd request"));
         };
         let id = target.sandbox_id;
-        let row = match state.api.sandboxes.store().get_sandbox(&id).await {
+        let row = match state.ops.sandboxes.store().get_sandbox(&id).await {
             Ok(Some(row)) => row,
             Ok(None) => {
                 return Err(proxy_502(
@@ -196,7 +196,7 @@ async fn files_read(
     };
     let path = envd::absolute(&path);
     let result = file_action(
-        &state.api,
+        &state.ops,
         &call.principal,
         &call.row.id,
         "files.read",
@@ -257,7 +257,7 @@ async fn files_write(State(state): State<FacadeState>, request: Request) -> Resp
         let path = envd::absolute(&path);
         // envd creates the missing parent directories of a file it writes.
         let result = file_action(
-            &state.api,
+            &state.ops,
             &call.principal,
             &call.row.id,
             "files.write",
@@ -490,7 +490,7 @@ async fn find(
     };
     // Policy sees the directory listed to find the entry.
     let listed = file_action(
-        &state.api,
+        &state.ops,
         &call.principal,
         &call.row.id,
         operation,
@@ -538,7 +538,7 @@ async fn list_dir(
     let mut pending = vec![(path.clone(), 1)];
     while let Some((dir, level)) = pending.pop() {
         let listed = file_action(
-            &state.api,
+            &state.ops,
             &call.principal,
             &call.row.id,
             "files.list",
@@ -584,7 +584,7 @@ async fn make_dir(
     }
     // envd's MakeDir creates the missing parents too.
     file_action(
-        &state.api,
+        &state.ops,
         &call.principal,
         &call.row.id,
         "files.mkdir",
@@ -600,7 +600,7 @@ async fn make_dir(
 async fn remove(state: &FacadeState, call: &EnvdCall, request: &Value) -> Result<Value, RpcError> {
     let path = path_of(request)?;
     file_action(
-        &state.api,
+        &state.ops,
         &call.principal,
         &call.row.id,
         "files.delete",
@@ -629,7 +629,7 @@ async fn move_entry(
             ))
         }
     };
-    crate::api::sandbox_ops::move_path(&state.api, &call.principal, &call.row.id, &from, &to)
+    move_path(&state.ops, &call.principal, &call.row.id, &from, &to)
         .await
         .map_err(|e| rpc_error(&e))?;
     match find(state, call, "files.list", &to).await? {

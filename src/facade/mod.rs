@@ -2,7 +2,8 @@
 //! `E2B_API_URL` and `E2B_SANDBOX_URL`, create and drive sandboxes that sandgate places,
 //! authorizes and polices. It is a translation, not a second implementation: every call
 //! becomes the sandgate operation it names, through the same coordinator, router and
-//! policy layers as `/v1` (`api::sandbox_ops` and `api::sandboxes` do the work).
+//! policy layers as `/v1` (the operations layer, [`crate::operations`], does the work; the
+//! facade never reaches into `api`).
 //!
 //! One origin serves both of E2B's planes, told apart per request:
 //! - **envd** (the in-sandbox daemon's API): a request carrying `E2b-Sandbox-Id` (what the
@@ -34,16 +35,15 @@ use axum::response::Response;
 use axum::Router;
 use tower_service::Service;
 
-use crate::api::auth::{ApiAuth, Principal};
-use crate::api::ApiState;
+use crate::callers::{local_admin_principal, local_secret, ApiAuth, Principal};
 use crate::config::{E2bConfig, E2bTemplate};
 use crate::e2b::envd::ENVD_PORT;
 
-/// What the facade serves with: sandgate's own API state (policy, coordinator, the
+/// What the facade serves with: the operations layer's context (policy, coordinator, the
 /// principals of `[[api.tokens]]`) plus its API keys and templates.
 #[derive(Clone)]
 pub struct FacadeState {
-    pub api: ApiState,
+    pub ops: crate::operations::OpsContext,
     pub keys: Arc<ApiAuth>,
     pub templates: Arc<BTreeMap<String, E2bTemplate>>,
     pub domain: Arc<str>,
@@ -71,13 +71,13 @@ impl FacadeState {
     /// The facade's state from `[e2b]`; with no `api_keys` (and `generate_local_key`), one
     /// key for the local admin is read from or generated into `local_key_file`.
     pub fn new(
-        api: ApiState,
+        ops: crate::operations::OpsContext,
         config: &E2bConfig,
         local_key_file: &std::path::Path,
     ) -> Result<FacadeState, FacadeConfigError> {
         let (keys, key_allow_out) = api_keys(config, local_key_file)?;
         Ok(FacadeState {
-            api,
+            ops,
             keys: Arc::new(keys),
             templates: Arc::new(config.templates.clone()),
             domain: config.domain.as_str().into(),
@@ -98,7 +98,7 @@ impl FacadeState {
 
     /// The envd access token of sandbox `id`.
     pub fn envd_token(&self, id: &str) -> String {
-        self.api.credentials.key().envd_token(id)
+        self.ops.credentials.key().envd_token(id)
     }
 
     /// The principal a sandbox's envd calls act as: its creator, as configured now (an E2B
@@ -108,7 +108,7 @@ impl FacadeState {
         let (principal, workspace) = (stored["principal"].as_str()?, stored["workspace"].as_str()?);
         self.keys
             .principal_named(principal, workspace)
-            .or_else(|| self.api.auth.principal_named(principal, workspace))
+            .or_else(|| self.ops.auth.principal_named(principal, workspace))
     }
 }
 
@@ -118,15 +118,14 @@ fn api_keys(
     local: &std::path::Path,
 ) -> Result<(ApiAuth, HashMap<String, Vec<String>>), FacadeConfigError> {
     if config.api_keys.is_empty() && config.generate_local_key {
-        let key = crate::api::auth::local_secret(local, "e2b_", 20).map_err(|source| {
-            FacadeConfigError::LocalKey {
+        let key =
+            local_secret(local, "e2b_", 20).map_err(|source| FacadeConfigError::LocalKey {
                 path: local.to_path_buf(),
                 source,
-            }
-        })?;
+            })?;
         tracing::info!(path = %local.display(), "no [[e2b.api_keys]] configured: the local admin's E2B API key is in this file");
         return Ok((
-            ApiAuth::from_secrets(vec![(key, crate::api::auth::local_admin_principal())]),
+            ApiAuth::from_secrets(vec![(key, local_admin_principal())]),
             HashMap::new(),
         ));
     }

@@ -1,7 +1,7 @@
 //! envd's process service (`process.Process`), translated to sandgate's exec.
 //!
 //! - `Start`: a Connect server stream (`application/connect+json`). The command goes
-//!   through `api::sandbox_ops::start_command` (the `sandgate.action` layer, operation
+//!   through `operations::commands::start_command` (the `sandgate.action` layer, operation
 //!   `exec`, then the pool's adapter). The stream is the `start` event (the facade's pid),
 //!   output as it comes (`data`, base64), then the `end` event (proto3 JSON: no `exitCode`
 //!   for 0; `-1` and `signal: killed` for a killed command) and the end-of-stream message.
@@ -32,9 +32,9 @@ use tokio::sync::{broadcast, mpsc};
 use super::call::EnvdCall;
 use super::errors::rpc_error;
 use super::FacadeState;
-use crate::api::sandbox_ops::{start_command, ExecBody};
 use crate::e2b::connect::{self, RpcError};
 use crate::e2b::envd as events;
+use crate::operations::commands::{start_command, ExecRequest};
 use crate::providers::ops::{ExecEvent, ExitReason};
 
 /// Commands started through the facade and still running, by pid.
@@ -135,7 +135,7 @@ fn unsupported_media() -> Response {
 fn exec_body(
     request: &Value,
     headers: &HeaderMap,
-) -> Result<(ExecBody, Value, Option<String>), RpcError> {
+) -> Result<(ExecRequest, Value, Option<String>), RpcError> {
     if !request["pty"].is_null() {
         return Err(RpcError::new(
             "unimplemented",
@@ -178,7 +178,16 @@ fn exec_body(
     let config = json!({"cmd": cmd, "args": args, "envs": envs.keys().map(|k| (k.clone(), "")).collect::<BTreeMap<_, _>>(), "cwd": cwd});
     let mut argv = vec![cmd.to_string()];
     argv.extend(args);
-    Ok((ExecBody::new(argv, envs, cwd, timeout_ms), config, tag))
+    Ok((
+        ExecRequest {
+            argv,
+            env: envs,
+            cwd,
+            timeout_ms,
+        },
+        config,
+        tag,
+    ))
 }
 
 /// `process.Process/Start`.
@@ -200,7 +209,7 @@ pub async fn start(
         Err(e) => return stream_failure(&e),
     };
     let id = call.row.id.clone();
-    let stream = match start_command(&state.api, &call.principal, &id, exec).await {
+    let stream = match start_command(&state.ops, &call.principal, &id, exec).await {
         Ok(stream) => stream,
         Err(e) => return stream_failure(&rpc_error(&e)),
     };
@@ -349,17 +358,13 @@ pub async fn attach(
 }
 
 async fn authorize_pid(state: &FacadeState, call: &EnvdCall, pid: u32) -> Result<(), RpcError> {
-    crate::api::sandbox_ops::authorize(
-        &state.api,
+    crate::operations::commands::authorize_running_command(
+        &state.ops,
         &call.principal,
         &call.row.id,
-        "action",
-        "exec",
-        json!({"exec": {"pid": pid}}),
-        &["running", "paused", "stopped"],
+        crate::operations::OperationDetail::ExecPid(pid),
     )
     .await
-    .map(|_| ())
     .map_err(|e| rpc_error(&e))
 }
 

@@ -165,3 +165,121 @@ pub fn egress_input(
     }
     obj(entries)
 }
+
+/// The sandbox a `sandgate.lifecycle` or `sandgate.action` decision is about, as stored.
+pub struct SandboxFacts<'a> {
+    pub id: &'a str,
+    pub workspace: &'a str,
+    /// The stored labels (a JSON object; anything else is shown as `{}`).
+    pub labels_json: &'a str,
+    pub state: &'a str,
+    /// The placement, once placed.
+    pub pool: Option<&'a str>,
+    pub provider: Option<&'a str>,
+    pub account: Option<&'a str>,
+}
+
+/// What an operation names beyond its name: the input key it fills (`exec`, `file`,
+/// `snapshot`, `timeout`); every other such key stays as the base input has it.
+pub enum OperationDetail<'a> {
+    /// Nothing beyond the operation (lifecycle transitions, minting, metrics, delete).
+    None,
+    /// `input.exec` of a command to start. Environment values may hold secrets: policy
+    /// sees the names only.
+    Exec {
+        argv: &'a [String],
+        cwd: Option<&'a str>,
+        env_names: Vec<&'a str>,
+    },
+    /// `input.exec.exec_id`: acting on a running `/v1` exec.
+    ExecId(&'a str),
+    /// `input.exec.pid`: acting on a running E2B facade process.
+    ExecPid(u32),
+    /// `input.file`: its `path`, and for a move its `destination`.
+    File {
+        path: &'a str,
+        destination: Option<&'a str>,
+    },
+    /// `input.snapshot`: `kind` and `paths` (null for a provider snapshot).
+    Snapshot {
+        kind: &'a str,
+        paths: Option<&'a [String]>,
+    },
+    /// `input.timeout.ttl_secs` of `set_timeout`.
+    Timeout { ttl_secs: u64 },
+}
+
+impl OperationDetail<'_> {
+    /// The input key this detail fills and its value.
+    fn entry(&self) -> Option<(&'static str, serde_json::Value)> {
+        use serde_json::json;
+        Some(match self {
+            OperationDetail::None => return None,
+            OperationDetail::Exec {
+                argv,
+                cwd,
+                env_names,
+            } => (
+                "exec",
+                json!({"argv": argv, "cwd": cwd, "env_names": env_names}),
+            ),
+            OperationDetail::ExecId(exec_id) => ("exec", json!({"exec_id": exec_id})),
+            OperationDetail::ExecPid(pid) => ("exec", json!({"pid": pid})),
+            OperationDetail::File {
+                path,
+                destination: None,
+            } => ("file", json!({"path": path})),
+            OperationDetail::File {
+                path,
+                destination: Some(to),
+            } => ("file", json!({"path": path, "destination": to})),
+            OperationDetail::Snapshot { kind, paths } => {
+                ("snapshot", json!({"kind": kind, "paths": paths}))
+            }
+            OperationDetail::Timeout { ttl_secs } => ("timeout", json!({"ttl_secs": ttl_secs})),
+        })
+    }
+}
+
+/// The input of the `sandgate.lifecycle` and `sandgate.action` layers (see
+/// `policies/README.md`): `operation`, `principal`, `workspace`, `sandbox`, `exec`, `file`,
+/// `delegation`, plus what `detail` fills.
+pub fn operation_input(
+    operation: &str,
+    caller: &crate::base::Principal,
+    sandbox: &SandboxFacts<'_>,
+    detail: &OperationDetail<'_>,
+) -> Value {
+    use serde_json::json;
+    let labels: serde_json::Value = serde_json::from_str(sandbox.labels_json).unwrap_or(json!({}));
+    let mut input = json!({
+        "operation": operation,
+        "principal": {
+            "principal": caller.principal,
+            "workspace": caller.workspace,
+            "roles": caller.roles,
+        },
+        "workspace": sandbox.workspace,
+        "sandbox": {
+            "id": sandbox.id,
+            "workspace": sandbox.workspace,
+            "labels": labels,
+            "state": sandbox.state,
+            "pool": sandbox.pool,
+            "provider": sandbox.provider,
+            "account": sandbox.account,
+        },
+        "exec": null,
+        "file": null,
+        "delegation": caller.delegation.as_ref().map(|d| json!({
+            "id": d.id,
+            "agent": d.agent,
+            "actions": d.actions,
+            "expires_ms": d.expires_ms,
+        })),
+    });
+    if let (Some(object), Some((key, value))) = (input.as_object_mut(), detail.entry()) {
+        object.insert(key.to_string(), value);
+    }
+    Value::from(input)
+}

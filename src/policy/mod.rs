@@ -24,6 +24,7 @@
 //!   the log when it is off: the egress path evaluates per request.
 
 pub mod input;
+mod layer;
 mod probe;
 pub mod scope;
 pub mod testing;
@@ -38,6 +39,7 @@ use std::time::{Duration, Instant, SystemTime};
 use regorus::Value;
 
 use crate::decision_log::{DecisionLog, Labels, PolicyMetrics, PolicyRecord};
+pub use layer::Layer;
 
 /// The layers sandgate knows; each has its package `sandgate.<layer>`.
 pub const LAYERS: &[&str] = &[
@@ -498,6 +500,11 @@ impl PolicyEngine {
             out.push(scope.name.to_string());
         }
         out
+    }
+
+    /// [`PolicyEngine::evaluate`] with the layer named by its type.
+    pub fn decide(&self, layer: Layer, input: Value) -> Decision {
+        self.evaluate(layer.as_str(), input)
     }
 
     /// Evaluates one layer for `input`: the platform scope's rules, and those of the input's

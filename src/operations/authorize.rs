@@ -1,0 +1,180 @@
+//! Steps 1 to 3 of every operation (see the module contract): find the sandbox, ask the
+//! policy layer, check its state; and how a provider's failure becomes the reply.
+
+use std::sync::Arc;
+
+use http::StatusCode;
+use serde_json::json;
+
+use super::{OpsContext, Principal};
+use crate::create::Located;
+use crate::error::ErrorReply;
+pub use crate::policy::input::OperationDetail;
+use crate::policy::input::{operation_input, SandboxFacts};
+use crate::policy::Layer;
+use crate::providers::{OpError, OpErrorKind, Provider};
+
+/// States an operation on the instance itself accepts.
+pub const LIVE: &[&str] = &["running", "paused", "stopped"];
+/// Every state (for decisions that do not act on the instance, such as minting).
+pub const ANY_STATE: &[&str] = &[
+    "pending",
+    "provisioning",
+    "reconciling",
+    "running",
+    "paused",
+    "stopped",
+    "failed",
+    "deleted",
+];
+
+/// The same 404 for a sandbox that does not exist and one the caller may not manage, so
+/// ids of other workspaces stay private.
+pub fn not_found(id: &str) -> ErrorReply {
+    ErrorReply::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no sandbox {id:?} in your workspace"),
+    )
+}
+
+/// A 400 naming the request field at fault (messages never quote a value).
+pub(crate) fn invalid(field: &str, message: impl Into<String>) -> ErrorReply {
+    ErrorReply::new(StatusCode::BAD_REQUEST, "invalid_request", message.into())
+        .with_details(json!({"field": field}))
+}
+
+/// An operation on sandbox `id` failed at its provider: the sandbox is checked at once in
+/// case the provider ended it (see `create::liveness`), and the error becomes the reply.
+pub(crate) fn op_failed(ctx: &OpsContext, id: &str, e: OpError) -> ErrorReply {
+    // Not for "unsupported": that is the adapter's own answer, whatever the instance's state
+    // (a provider that ended an instance answers 400, 404, 409 or 410, depending on which).
+    if e.kind != OpErrorKind::Unsupported {
+        ctx.sandboxes.suspect_lost(id);
+    }
+    op_error(e)
+}
+
+/// A provider's error as the reply: its kind picks the status, its code and message pass.
+pub(crate) fn op_error(e: OpError) -> ErrorReply {
+    let status = match e.kind {
+        OpErrorKind::NotFound => StatusCode::NOT_FOUND,
+        OpErrorKind::Invalid => StatusCode::BAD_REQUEST,
+        OpErrorKind::Conflict => StatusCode::CONFLICT,
+        OpErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+        OpErrorKind::Provider => StatusCode::BAD_GATEWAY,
+    };
+    ErrorReply::new(status, e.code(), e.message)
+}
+
+/// The provider's instance id of a located sandbox.
+pub(crate) fn instance(located: &Located) -> &str {
+    located
+        .placement
+        .as_ref()
+        .map(|p| p.instance_id.as_str())
+        .unwrap_or_default()
+}
+
+/// Steps 1 to 3 of the module contract; returns the sandbox and its adapter. `detail` is
+/// what the policy input says about the operation beyond its name.
+pub async fn authorize(
+    ctx: &OpsContext,
+    caller: &Principal,
+    id: &str,
+    layer: Layer,
+    operation: &str,
+    detail: OperationDetail<'_>,
+    states: &[&str],
+) -> Result<(Located, Arc<dyn Provider>), ErrorReply> {
+    check_delegation_scope(caller, id, operation)?;
+    let located = match ctx.sandboxes.locate(id).await? {
+        Some(l) if caller.may_manage(&l.row.workspace) => l,
+        _ => return Err(not_found(id)),
+    };
+    decide(ctx, caller, &located, layer, operation, detail)?;
+    let row = &located.row;
+    if !states.contains(&row.state.as_str()) {
+        return Err(ErrorReply::new(
+            StatusCode::CONFLICT,
+            "sandbox_state",
+            format!(
+                "sandbox {id} is {}; {operation} needs it {}",
+                row.state,
+                states.join(" or ")
+            ),
+        )
+        .with_details(json!({"state": row.state})));
+    }
+    let Some(adapter) = located.adapter.clone() else {
+        return Err(ErrorReply::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported",
+            format!("sandbox {id} has no provider adapter for {operation}"),
+        ));
+    };
+    Ok((located, adapter))
+}
+
+/// A delegated caller may perform only the actions it names, on its one sandbox.
+fn check_delegation_scope(caller: &Principal, id: &str, operation: &str) -> Result<(), ErrorReply> {
+    let Some(d) = &caller.delegation else {
+        return Ok(());
+    };
+    if d.sandbox_id == id && d.actions.iter().any(|a| a == operation) {
+        return Ok(());
+    }
+    Err(ErrorReply::new(
+        StatusCode::FORBIDDEN,
+        "delegation_scope",
+        format!(
+            "this delegated token allows {} on sandbox {}, not {operation} on {id}",
+            d.actions.join(", "),
+            d.sandbox_id
+        ),
+    )
+    .with_details(json!({"delegation": d.id, "operation": operation})))
+}
+
+/// Step 2: the policy layer's decision on `operation`; a refusal is 403 `policy_denied`.
+fn decide(
+    ctx: &OpsContext,
+    caller: &Principal,
+    located: &Located,
+    layer: Layer,
+    operation: &str,
+    detail: OperationDetail<'_>,
+) -> Result<(), ErrorReply> {
+    let input = operation_input(operation, caller, &sandbox_facts(located), &detail);
+    let decision = ctx.policy.decide(layer, input);
+    if decision.allowed {
+        return Ok(());
+    }
+    let id = &located.row.id;
+    Err(ErrorReply::new(
+        StatusCode::FORBIDDEN,
+        "policy_denied",
+        format!("policy ({layer}) refused {operation} on sandbox {id}"),
+    )
+    .with_details(json!({
+        "layer": layer.as_str(),
+        "operation": operation,
+        "reasons": decision.reasons,
+        "generation": decision.generation,
+    })))
+}
+
+/// What policy is told about a located sandbox.
+fn sandbox_facts(located: &Located) -> SandboxFacts<'_> {
+    let row = &located.row;
+    let placement = located.placement.as_ref();
+    SandboxFacts {
+        id: &row.id,
+        workspace: &row.workspace,
+        labels_json: &row.labels_json,
+        state: &row.state,
+        pool: placement.map(|p| p.pool.as_str()),
+        provider: placement.map(|p| p.provider.as_str()),
+        account: placement.map(|p| p.account.as_str()),
+    }
+}
