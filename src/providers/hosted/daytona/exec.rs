@@ -20,6 +20,18 @@ use crate::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason};
 use crate::providers::{OpError, OpErrorKind};
 
 impl Daytona {
+    /// A second execute that kills the process group whose leader's pid is in `marker`
+    /// (waiting up to 2 s for the command to have written it).
+    fn kill_request(&self, url: &str, marker: &str) -> reqwest::RequestBuilder {
+        let script = format!(
+            "for i in 1 2 3 4 5 6 7 8 9 10; do [ -s {marker} ] && break; sleep 0.2; done; \
+             kill -KILL -\"$(cat {marker})\" 2>/dev/null; rm -f {marker}"
+        );
+        self.with_org(self.http.request_url(Method::POST, url))
+            .timeout(Duration::from_secs(30))
+            .json(&json!({"command": script, "timeout": 10}))
+    }
+
     /// `process/execute` in the background: one stdout event with the whole output, then
     /// the exit.
     pub(super) async fn start_exec(&self, id: &str, spec: ExecSpec) -> Result<ExecStream, OpError> {
@@ -49,14 +61,7 @@ impl Daytona {
             .timeout(Duration::from_secs(timeout_secs) + Duration::from_secs(30))
             .json(&body);
         let kill = {
-            let script = format!(
-                "for i in 1 2 3 4 5 6 7 8 9 10; do [ -s {marker} ] && break; sleep 0.2; done; \
-                 kill -KILL -\"$(cat {marker})\" 2>/dev/null; rm -f {marker}"
-            );
-            let kill_request = self
-                .with_org(self.http.request_url(Method::POST, &url))
-                .timeout(Duration::from_secs(30))
-                .json(&json!({"command": script, "timeout": 10}));
+            let kill_request = self.kill_request(&url, &marker);
             let http = self.http.clone();
             let id = id.to_string();
             move || async move {

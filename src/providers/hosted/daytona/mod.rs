@@ -282,19 +282,14 @@ impl Daytona {
     /// `GET /sandbox/{id}`; `None` when Daytona does not know it.
     async fn detail(&self, id: &str) -> Result<Option<SandboxDto>, HttpFailure> {
         let path = format!("/sandbox/{}", path_segment(id));
-        match self
+        let dto: Option<SandboxDto> = self
             .http
-            .send_idempotent(|| self.api(Method::GET, &path))
-            .await
-        {
-            Ok(response) => {
-                let dto: SandboxDto = self.http.json(response).await?;
-                self.remember_toolbox(&dto);
-                Ok(Some(dto))
-            }
-            Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(None),
-            Err(f) => Err(f),
+            .read_optional(|| self.api(Method::GET, &path))
+            .await?;
+        if let Some(dto) = &dto {
+            self.remember_toolbox(dto);
         }
+        Ok(dto)
     }
 
     fn remember_toolbox(&self, dto: &SandboxDto) {
@@ -396,19 +391,9 @@ impl Daytona {
         };
         if let Some(egress) = &spec.egress {
             let expected = body["networkAllowList"].as_str().unwrap_or_default();
-            // Anything but exactly the gateway would be open (or, blocked, unusable).
-            if egress.lock_down
-                && (!same_allow_list(started.network_allow_list.as_deref(), expected)
-                    || started.network_block_all == Some(true))
-            {
-                return Err(left_behind(
-                    ErrorClass::FailedBeforeRunning,
-                    format!(
-                        "the Daytona sandbox {id} does not carry the egress lock-down \
-                         (networkBlockAll {:?}, networkAllowList {:?}, expected {expected:?})",
-                        started.network_block_all, started.network_allow_list
-                    ),
-                ));
+            if egress.lock_down {
+                locked_down(&started, expected)
+                    .map_err(|m| left_behind(ErrorClass::FailedBeforeRunning, m))?;
             }
             if let Err(e) = self
                 .put_file(&id, CA_PATH, egress.ca_pem.clone().into_bytes())
@@ -622,6 +607,21 @@ fn gateway_cidr(host: &str) -> Result<String, ProviderError> {
             ),
         )),
     }
+}
+
+/// Whether Daytona applied exactly the lock-down sent: anything but the gateway would be
+/// open (or, blocked, unusable), and such a sandbox is not used.
+fn locked_down(started: &SandboxDto, expected: &str) -> Result<(), String> {
+    if same_allow_list(started.network_allow_list.as_deref(), expected)
+        && started.network_block_all != Some(true)
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "the Daytona sandbox {} does not carry the egress lock-down \
+         (networkBlockAll {:?}, networkAllowList {:?}, expected {expected:?})",
+        started.id, started.network_block_all, started.network_allow_list
+    ))
 }
 
 fn same_allow_list(answered: Option<&str>, expected: &str) -> bool {

@@ -16,7 +16,7 @@ use super::{
     STATE_PACE,
 };
 use crate::ops::{ExecSpec, ExecStream, Lifecycle, SandboxEntry};
-use crate::providers::hosted::http::path_segment;
+use crate::providers::hosted::http::{absent_ok, path_segment};
 use crate::providers::hosted::poll::{self, Seen, Waited};
 use crate::providers::hosted::tags::{self, TagFilter};
 use crate::providers::{
@@ -338,25 +338,20 @@ impl Provider for Daytona {
         Box::pin(async move {
             // The snapshot is named by its name; Daytona deletes by its own id.
             let path = format!("/snapshots/{}", path_segment(snapshot_id));
-            let snapshot: SnapshotDto = match self
+            let snapshot: Option<SnapshotDto> = self
                 .http
-                .send_idempotent(|| self.api(Method::GET, &path))
+                .read_optional(|| self.api(Method::GET, &path))
                 .await
-            {
-                Ok(response) => self.http.json(response).await.map_err(op_error)?,
-                Err(f) if f.status == Some(StatusCode::NOT_FOUND) => return Ok(()),
-                Err(f) => return Err(op_error(f)),
+                .map_err(op_error)?;
+            let Some(snapshot) = snapshot else {
+                return Ok(());
             };
             let path = format!("/snapshots/{}", path_segment(&snapshot.id));
-            match self
+            let result = self
                 .http
                 .send_idempotent(|| self.api(Method::DELETE, &path))
-                .await
-            {
-                Ok(_) => Ok(()),
-                Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(()),
-                Err(f) => Err(op_error(f)),
-            }
+                .await;
+            absent_ok(result).map(|_| ()).map_err(op_error)
         })
     }
 }

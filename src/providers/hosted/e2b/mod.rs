@@ -24,7 +24,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use http::StatusCode;
 use reqwest::Method;
 use sandgate_router::Source;
 use serde_json::{json, Value};
@@ -32,7 +31,7 @@ use tokio::sync::mpsc;
 
 use super::account::{known_options, positive};
 use super::errors::{own_message, CodeRule, ErrorTable};
-use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
+use super::http::{absent_ok, path_segment, Auth, HttpFailure, ProviderHttp};
 use super::lockdown::{ca_not_installed, create_env};
 use super::tags::{self, tag_object, tags_of, TagFilter};
 use crate::credentials::Secret;
@@ -164,15 +163,9 @@ impl E2b {
 
     async fn detail(&self, id: &str) -> Result<Option<SandboxDetail>, HttpFailure> {
         let path = format!("/sandboxes/{}", path_segment(id));
-        match self
-            .http
-            .send_idempotent(|| self.http.request(Method::GET, &path))
+        self.http
+            .read_optional(|| self.http.request(Method::GET, &path))
             .await
-        {
-            Ok(response) => Ok(Some(self.http.json(response).await?)),
-            Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(None),
-            Err(f) => Err(f),
-        }
     }
 
     /// A request to envd for sandbox `id`.
@@ -418,11 +411,7 @@ impl Provider for E2b {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(instance_id);
-            match result {
-                Ok(_) => Ok(()),
-                Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(()),
-                Err(f) => Err(provider_error(f)),
-            }
+            absent_ok(result).map(|_| ()).map_err(provider_error)
         })
     }
 

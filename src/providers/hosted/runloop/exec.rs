@@ -348,7 +348,30 @@ pub(super) async fn follow(
         }
         Waited::Done(Ok(view)) => view,
     };
-    for (task, fd) in [(out, Fd::Stdout), (err, Fd::Stderr)] {
+    if !drain([(out, Fd::Stdout), (err, Fd::Stderr)], &view, &tx).await {
+        return;
+    }
+    let code = view.exit_status.map(|c| c as i32);
+    // A shell reports a command killed by signal N as 128 + N.
+    let signal = code.filter(|c| (129..=159).contains(c)).map(|c| c - 128);
+    let _ = tx
+        .send(ExecEvent::Exit(ExitInfo {
+            code,
+            signal,
+            reason: ExitReason::Exited,
+        }))
+        .await;
+}
+
+/// Lets a finished command's streams deliver what is left (for [`STREAM_GRACE`]); a stream
+/// that could not be opened falls back to the execution's buffered output. False when the
+/// caller has gone.
+async fn drain(
+    streams: [(tokio::task::JoinHandle<StreamEnd>, Fd); 2],
+    view: &ExecutionView,
+    tx: &mpsc::Sender<ExecEvent>,
+) -> bool {
+    for (task, fd) in streams {
         let abort = task.abort_handle();
         let end = match tokio::time::timeout(STREAM_GRACE, task).await {
             Ok(Ok(end)) => end,
@@ -359,7 +382,7 @@ pub(super) async fn follow(
             }
         };
         match end {
-            StreamEnd::Closed => return,
+            StreamEnd::Closed => return false,
             StreamEnd::Done => {}
             StreamEnd::Unavailable => {
                 let text = match fd {
@@ -374,20 +397,11 @@ pub(super) async fn follow(
                         Fd::Stderr => ExecEvent::Stderr(bytes),
                     };
                     if tx.send(event).await.is_err() {
-                        return;
+                        return false;
                     }
                 }
             }
         }
     }
-    let code = view.exit_status.map(|c| c as i32);
-    // A shell reports a command killed by signal N as 128 + N.
-    let signal = code.filter(|c| (129..=159).contains(c)).map(|c| c - 128);
-    let _ = tx
-        .send(ExecEvent::Exit(ExitInfo {
-            code,
-            signal,
-            reason: ExitReason::Exited,
-        }))
-        .await;
+    true
 }

@@ -438,15 +438,9 @@ impl Runloop {
 
     async fn view(&self, id: &str) -> Result<Option<DevboxView>, HttpFailure> {
         let path = format!("/v1/devboxes/{}", path_segment(id));
-        match self
-            .http
-            .send_idempotent(|| self.http.request(Method::GET, &path))
+        self.http
+            .read_optional(|| self.http.request(Method::GET, &path))
             .await
-        {
-            Ok(response) => Ok(Some(self.http.json(response).await?)),
-            Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(None),
-            Err(f) => Err(f),
-        }
     }
 
     /// Polls the devbox until it is in `target`; another settled state is an error.

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::StatusCode;
 use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -19,7 +18,7 @@ use super::{
 };
 use crate::ops::{ExecSpec, ExecStream, Lifecycle};
 use crate::providers::hosted::errors::failed_before_running;
-use crate::providers::hosted::http::{path_segment, HttpFailure};
+use crate::providers::hosted::http::{absent_ok, path_segment, HttpFailure};
 use crate::providers::hosted::lockdown::ca_not_installed;
 use crate::providers::hosted::tags::{self, TagFilter};
 use crate::providers::{
@@ -363,19 +362,15 @@ impl Provider for Runloop {
                 path_segment(snapshot_id)
             );
             let rid = request_id();
-            match self
+            let result = self
                 .http
                 .send_idempotent(|| {
                     self.http
                         .request(Method::POST, &url)
                         .header(REQUEST_ID, &rid)
                 })
-                .await
-            {
-                Ok(_) => Ok(()),
-                Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(()),
-                Err(f) => Err(op_error(f)),
-            }
+                .await;
+            absent_ok(result).map(|_| ()).map_err(op_error)
         })
     }
 }

@@ -75,12 +75,29 @@ impl Vercel {
             command_id.clone(),
             spec.timeout.map(|t| (sent, t)),
         ));
+        let cancelled = Arc::new(tokio::sync::Notify::new());
+        tokio::spawn(self.kill_on_cancel(session, command_id, cancelled.clone()));
+        let cancel: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            reader.abort();
+            cancelled.notify_one();
+        });
+        Ok(ExecStream { events: rx, cancel })
+    }
+}
+
+impl Vercel {
+    /// Once `cancelled` fires, kills the command (`POST .../cmd/{id}/kill {signal: 9}`), if
+    /// its id has arrived.
+    fn kill_on_cancel(
+        &self,
+        session: String,
+        command_id: Arc<Mutex<Option<String>>>,
+        cancelled: Arc<tokio::sync::Notify>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let http = self.http.clone();
         let team = self.team_id.clone();
-        let cancelled = Arc::new(tokio::sync::Notify::new());
-        let notify = cancelled.clone();
-        tokio::spawn(async move {
-            notify.notified().await;
+        async move {
+            cancelled.notified().await;
             let Some(id) = command_id.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
                 return;
             };
@@ -96,12 +113,7 @@ impl Vercel {
             if let Err(e) = http.send(request).await {
                 tracing::warn!(command = %id, error = %e.message, "vercel: killing a cancelled command failed");
             }
-        });
-        let cancel: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-            reader.abort();
-            cancelled.notify_one();
-        });
-        Ok(ExecStream { events: rx, cancel })
+        }
     }
 }
 

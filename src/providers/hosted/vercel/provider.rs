@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -12,7 +11,7 @@ use super::wire::{instance, SandboxAndSession, SessionOnly};
 use super::{lockdown, op_error, provider_error, Vercel, CA_PATH, ERRORS};
 use crate::ops::{ExecEvent, ExecSpec, ExecStream, Lifecycle};
 use crate::providers::hosted::errors::failed_before_running;
-use crate::providers::hosted::http::path_segment;
+use crate::providers::hosted::http::{absent_ok, path_segment};
 use crate::providers::hosted::lockdown::ca_not_installed;
 use crate::providers::hosted::tags::{self, TagFilter};
 use crate::providers::{
@@ -114,11 +113,7 @@ impl Provider for Vercel {
                 })
                 .await;
             self.forget(instance_id);
-            match result {
-                Ok(_) => Ok(()),
-                Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(()),
-                Err(f) => Err(provider_error(f)),
-            }
+            absent_ok(result).map(|_| ()).map_err(provider_error)
         })
     }
 
@@ -349,15 +344,11 @@ impl Provider for Vercel {
     fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> BoxFuture<'a, Result<(), OpError>> {
         Box::pin(async move {
             let path = format!("/v2/sandboxes/snapshots/{}", path_segment(snapshot_id));
-            match self
+            let result = self
                 .http
                 .send_idempotent(|| self.request(Method::DELETE, &path))
-                .await
-            {
-                Ok(_) => Ok(()),
-                Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(()),
-                Err(f) => Err(op_error(f)),
-            }
+                .await;
+            absent_ok(result).map(|_| ()).map_err(op_error)
         })
     }
 }
