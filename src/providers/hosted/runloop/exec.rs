@@ -163,58 +163,77 @@ pub(super) async fn pump(
             }
         };
         opened = true;
-        let mut body = response.bytes_stream();
-        let mut buffer: Vec<u8> = Vec::new();
-        let mut resume = false;
-        'read: loop {
-            let Some(chunk) = body.next().await else {
-                break 'read;
-            };
-            let Ok(chunk) = chunk else {
-                resume = true;
-                break 'read;
-            };
-            buffer.extend_from_slice(&chunk);
-            while let Some((event, rest)) = split_event(&buffer) {
-                buffer = rest;
-                let (kind, data) = parse_event(&event);
-                if kind.as_deref() == Some("error") {
-                    let code = serde_json::from_str::<Value>(&data).ok().and_then(|v| {
-                        v["code"]
-                            .as_i64()
-                            .or_else(|| v["code"].as_str()?.parse().ok())
-                    });
-                    if code == Some(408) {
-                        resume = true;
-                        break 'read;
-                    }
-                    return StreamEnd::Done;
-                }
-                let Ok(update) = serde_json::from_str::<Value>(&data) else {
-                    continue;
-                };
-                let Some(output) = update["output"].as_str() else {
-                    continue;
-                };
-                if output.is_empty() {
-                    continue;
-                }
-                received += output.len() as u64;
-                let bytes = Bytes::from(output.to_string());
-                let event = match fd {
-                    Fd::Stdout => ExecEvent::Stdout(bytes),
-                    Fd::Stderr => ExecEvent::Stderr(bytes),
-                };
-                if tx.send(event).await.is_err() {
-                    return StreamEnd::Closed;
-                }
-            }
-        }
-        if !resume {
-            return StreamEnd::Done;
+        match read_connection(response, fd, &mut received, &tx).await {
+            Read::Ended(end) => return end,
+            Read::Resume => {}
         }
     }
     StreamEnd::Done
+}
+
+/// How one connection to an output stream ended.
+enum Read {
+    Ended(StreamEnd),
+    /// Dropped, or Runloop's 408 on a long stream: connect again from the offset.
+    Resume,
+}
+
+/// Reads one connection of an SSE output stream into exec events, counting the bytes
+/// delivered in `received` (the offset a resumed stream starts from).
+async fn read_connection(
+    response: reqwest::Response,
+    fd: Fd,
+    received: &mut u64,
+    tx: &mpsc::Sender<ExecEvent>,
+) -> Read {
+    let mut body = response.bytes_stream();
+    let mut buffer: Vec<u8> = Vec::new();
+    loop {
+        let Some(chunk) = body.next().await else {
+            return Read::Ended(StreamEnd::Done);
+        };
+        let Ok(chunk) = chunk else {
+            return Read::Resume;
+        };
+        buffer.extend_from_slice(&chunk);
+        while let Some((event, rest)) = split_event(&buffer) {
+            buffer = rest;
+            let (kind, data) = parse_event(&event);
+            if kind.as_deref() == Some("error") {
+                return match error_code(&data) {
+                    Some(408) => Read::Resume,
+                    _ => Read::Ended(StreamEnd::Done),
+                };
+            }
+            let Some(output) = output_of(&data) else {
+                continue;
+            };
+            *received += output.len() as u64;
+            let bytes = Bytes::from(output);
+            let event = match fd {
+                Fd::Stdout => ExecEvent::Stdout(bytes),
+                Fd::Stderr => ExecEvent::Stderr(bytes),
+            };
+            if tx.send(event).await.is_err() {
+                return Read::Ended(StreamEnd::Closed);
+            }
+        }
+    }
+}
+
+/// The `code` of an SSE `error` event (a number, or a number as a string).
+fn error_code(data: &str) -> Option<i64> {
+    let v = serde_json::from_str::<Value>(data).ok()?;
+    v["code"]
+        .as_i64()
+        .or_else(|| v["code"].as_str()?.parse().ok())
+}
+
+/// The non-empty `output` of an update event.
+fn output_of(data: &str) -> Option<String> {
+    let update = serde_json::from_str::<Value>(data).ok()?;
+    let output = update["output"].as_str()?;
+    (!output.is_empty()).then(|| output.to_string())
 }
 
 /// The first complete SSE event in `buffer` and what follows it.
