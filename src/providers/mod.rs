@@ -15,17 +15,15 @@
 //! - Every error carries a class ([`ErrorClass`]) that decides what the coordinator does:
 //!   advance to the next pool, end the operation, or reconcile.
 
-pub mod daytona;
-pub mod e2b;
 pub mod export;
 pub mod hosted;
-pub mod http;
 pub mod local;
 /// The operation vocabulary adapters speak, at `crate::ops` (below `e2b`, which translates it).
 pub use crate::ops;
-pub mod runloop;
 pub mod simulated;
-pub mod vercel;
+
+/// The hosted adapters and their HTTP layer, under [`hosted`], at their old paths.
+pub use hosted::{daytona, e2b, http, runloop, vercel};
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;

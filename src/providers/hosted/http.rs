@@ -11,6 +11,8 @@
 //!   transport failures, 429 and 502/503/504, honouring `Retry-After`; other calls are sent
 //!   once, and a failure tells whether the request may have reached the provider (`sent`),
 //!   which is what decides between "advance" and "reconcile first".
+//! - A 404 on a read or a delete means the thing is absent ([`absent_ok`],
+//!   [`ProviderHttp::read_optional`]): `None` for a read, success for a delete.
 
 use std::time::Duration;
 
@@ -183,6 +185,18 @@ impl ProviderHttp {
             .await
     }
 
+    /// An idempotent read whose 404 means "absent" (`None`), its JSON body otherwise: every
+    /// adapter's `get` of an instance.
+    pub async fn read_optional<T: serde::de::DeserializeOwned>(
+        &self,
+        build: impl Fn() -> RequestBuilder,
+    ) -> Result<Option<T>, HttpFailure> {
+        match absent_ok(self.send_idempotent(build).await)? {
+            Some(response) => Ok(Some(self.json(response).await?)),
+            None => Ok(None),
+        }
+    }
+
     /// Reads a JSON body; a body that is not the expected JSON is a provider failure.
     pub async fn json<T: serde::de::DeserializeOwned>(
         &self,
@@ -254,6 +268,16 @@ impl ProviderHttp {
         } else {
             text.replace(key, "[redacted]")
         }
+    }
+}
+
+/// A call whose 404 means the thing is absent: `None` for a read, done for a delete (a
+/// delete of an absent instance succeeds).
+pub fn absent_ok<T>(result: Result<T, HttpFailure>) -> Result<Option<T>, HttpFailure> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(None),
+        Err(f) => Err(f),
     }
 }
 

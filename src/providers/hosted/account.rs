@@ -1,27 +1,62 @@
-//! Building hosted-provider adapters from `[[accounts]]`.
+//! A hosted account's key and base URL, and the checks of its `options`, shared by every
+//! adapter's account settings.
 //!
 //! Contract:
-//! - One adapter per account, shared by every pool on it (they share its HTTP connections
-//!   and its rate limits).
 //! - The API key is named, never written in the config: `api_key_env` (read once, at
 //!   start), `api_key_file` (trailing newline ignored), or `credential = "env:VAR"` /
 //!   `"file:PATH"`. A named key that is missing or empty is a start error naming the
 //!   account and the reference, never the value; an account naming none gets no adapter
 //!   (its attempts advance as `unbound_account`).
 //! - Every URL an adapter calls derives from the account's `base_url` and `options`, so a
-//!   self-hosted deployment and a test fake are configured the same way.
-//! - Kinds without an adapter build nothing: their pools advance as `unsupported`.
+//!   self-hosted deployment and a test fake are configured the same way; a `base_url` is an
+//!   origin with an optional path ([`check_base_url`]).
+//! - Option errors are `(field, message)` with the field as `options.<name>`, which the
+//!   registry turns into an [`AccountError`] naming the account.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 
-use sandgate_router::{AccountConfig, ProviderKind};
+use sandgate_router::AccountConfig;
 
-use super::daytona::{Daytona, DaytonaAccount};
-use super::e2b::{E2b, E2bAccount};
-use super::runloop::{Runloop, RunloopAccount};
-use super::vercel::{Vercel, VercelAccount};
-use super::Provider;
 use crate::credentials::Secret;
+
+/// An option error: the config key at fault and what is wrong.
+pub type OptionError = (String, String);
+
+/// Refuses an option the adapter does not know, naming the ones it does.
+pub fn known_options(
+    kind: &str,
+    options: &BTreeMap<String, String>,
+    known: &[&str],
+) -> Result<(), OptionError> {
+    match options.keys().find(|k| !known.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(key) => Err((
+            format!("options.{key}"),
+            format!("unknown option for {kind} account ({})", known.join(", ")),
+        )),
+    }
+}
+
+/// A positive number of seconds (or other unit, named in the message), when set.
+pub fn positive(
+    options: &BTreeMap<String, String>,
+    name: &str,
+    unit: &str,
+) -> Result<Option<u64>, OptionError> {
+    match options.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|v| *v > 0)
+            .map(Some)
+            .ok_or((
+                format!("options.{name}"),
+                format!("must be a positive number of {unit}"),
+            )),
+    }
+}
 
 /// Why an account's adapter could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -34,80 +69,17 @@ pub struct AccountError {
 }
 
 impl AccountError {
-    fn new(account: &AccountConfig, field: &str, message: impl Into<String>) -> AccountError {
+    pub(super) fn new(
+        account: &AccountConfig,
+        field: &str,
+        message: impl Into<String>,
+    ) -> AccountError {
         AccountError {
             account: account.name.clone(),
             field: field.to_string(),
             message: message.into(),
         }
     }
-}
-
-/// Whether this build has an adapter for `kind` on hosted accounts.
-pub fn has_adapter(kind: ProviderKind) -> bool {
-    matches!(
-        kind,
-        ProviderKind::E2b | ProviderKind::Daytona | ProviderKind::Vercel | ProviderKind::Runloop
-    )
-}
-
-/// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway.
-pub fn locks_to_gateway(kind: ProviderKind) -> bool {
-    has_adapter(kind)
-}
-
-/// The adapter for one account, or `None` when this build has none for its kind.
-pub fn build(
-    kind: ProviderKind,
-    account: &AccountConfig,
-    tls: &rustls::ClientConfig,
-) -> Result<Option<Arc<dyn Provider>>, AccountError> {
-    // An account naming no key cannot serve; its pools' attempts advance as
-    // `unbound_account` (the coordinator checks), which is not a reason to refuse to start.
-    if !has_adapter(kind) || !account.has_credential() {
-        return Ok(None);
-    }
-    let key = api_key(account)?;
-    let base_url = account.base_url.as_deref();
-    if let Some(url) = base_url {
-        check_base_url(url).map_err(|m| AccountError::new(account, "base_url", m))?;
-    }
-    let adapter: Arc<dyn Provider> = match kind {
-        ProviderKind::E2b => {
-            let settings = E2bAccount::from_options(base_url, &account.options, key)
-                .map_err(|(field, m)| AccountError::new(account, &field, m))?;
-            Arc::new(
-                E2b::new(settings, tls.clone())
-                    .map_err(|m| AccountError::new(account, "base_url", m))?,
-            )
-        }
-        ProviderKind::Daytona => {
-            let settings = DaytonaAccount::from_options(base_url, &account.options, key)
-                .map_err(|(field, m)| AccountError::new(account, &field, m))?;
-            Arc::new(
-                Daytona::new(settings, tls.clone())
-                    .map_err(|m| AccountError::new(account, "base_url", m))?,
-            )
-        }
-        ProviderKind::Vercel => {
-            let settings = VercelAccount::from_options(base_url, &account.options, key)
-                .map_err(|(field, m)| AccountError::new(account, &field, m))?;
-            Arc::new(
-                Vercel::new(settings, tls.clone())
-                    .map_err(|m| AccountError::new(account, "base_url", m))?,
-            )
-        }
-        ProviderKind::Runloop => {
-            let settings = RunloopAccount::from_options(base_url, &account.options, key)
-                .map_err(|(field, m)| AccountError::new(account, &field, m))?;
-            Arc::new(
-                Runloop::new(settings, tls.clone())
-                    .map_err(|m| AccountError::new(account, "base_url", m))?,
-            )
-        }
-        _ => return Ok(None),
-    };
-    Ok(Some(adapter))
 }
 
 /// The account's API key, from the reference it names.
@@ -167,7 +139,7 @@ fn resolve(reference: &str) -> Result<String, String> {
 }
 
 /// An `http(s)://` origin with an optional path prefix, no credentials, query or fragment.
-fn check_base_url(text: &str) -> Result<(), String> {
+pub fn check_base_url(text: &str) -> Result<(), String> {
     let uri: http::Uri = text
         .parse()
         .map_err(|e| format!("{text:?} is not a URL: {e}"))?;

@@ -16,37 +16,39 @@
 //!   `allow_domains` are *not* added to `allowOut`: E2B's allow list wins over its deny list,
 //!   so listing a domain there would open a direct path around the gateway's per-request
 //!   policy and credential injection.
-//! - Failures are classified by one table ([`classify`]), documented in the README.
+//! - Failures are classified by one table ([`ERRORS`], applied by [`classify`]), documented
+//!   in the README.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use http::StatusCode;
 use reqwest::Method;
 use sandgate_router::Source;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
-use super::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle, SandboxEntry};
-use super::{
-    BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, Provider,
-    ProviderError, RemoteEgress, RuntimeCapabilities, SnapshotInfo, Tags, LIFETIME_MARGIN,
-};
+use super::account::{known_options, positive};
+use super::errors::{own_message, CodeRule, ErrorTable};
+use super::http::{absent_ok, path_segment, Auth, HttpFailure, ProviderHttp};
+use super::lockdown::{ca_not_installed, create_env};
+use super::tags::{self, tag_object, tags_of, TagFilter};
 use crate::credentials::Secret;
 use crate::e2b::connect::{self as connect_rpc, Decoder};
 use crate::e2b::envd::{self, ProcessEvent};
 use crate::e2b::wire::{CreatedSandbox, ListedSandbox, SandboxDetail};
+use crate::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason, Lifecycle, SandboxEntry};
+use crate::providers::{
+    BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, Provider,
+    ProviderError, RemoteEgress, RuntimeCapabilities, SnapshotInfo, LIFETIME_MARGIN,
+};
 
 /// envd's port, named in `E2b-Sandbox-Port`.
 const ENVD_PORT: &str = "49983";
 const _: () = assert!(envd::ENVD_PORT == 49983);
 /// Where sandgate's CA goes inside an E2B sandbox (the default user's home).
 pub const CA_PATH: &str = "/home/user/.sandgate/ca.pem";
-const TAG_SANDBOX: &str = "sandgate_sandbox";
-const TAG_ATTEMPT: &str = "sandgate_attempt";
 
 /// An E2B account's settings (`[[accounts]]` with `options`).
 #[derive(Debug, Clone)]
@@ -67,22 +69,10 @@ impl E2bAccount {
         options: &BTreeMap<String, String>,
         api_key: Secret,
     ) -> Result<E2bAccount, (String, String)> {
-        for key in options.keys() {
-            if !["domain", "sandbox_url", "template", "timeout_secs"].contains(&key.as_str()) {
-                return Err((
-                    format!("options.{key}"),
-                    "unknown option for an e2b account (domain, sandbox_url, template, timeout_secs)".into(),
-                ));
-            }
-        }
+        let known = ["domain", "sandbox_url", "template", "timeout_secs"];
+        known_options("an e2b", options, &known)?;
         let domain = options.get("domain").map_or("e2b.app", String::as_str);
-        let timeout_secs = match options.get("timeout_secs") {
-            Some(v) => v.parse::<u64>().ok().filter(|v| *v > 0).ok_or((
-                "options.timeout_secs".to_string(),
-                "must be a positive number of seconds".to_string(),
-            ))?,
-            None => 3600,
-        };
+        let timeout_secs = positive(options, "timeout_secs", "seconds")?.unwrap_or(3600);
         Ok(E2bAccount {
             base_url: base_url.unwrap_or("https://api.e2b.app").to_string(),
             sandbox_url: options
@@ -139,19 +129,15 @@ impl E2b {
                 _ => None,
             })
             .unwrap_or_else(|| self.template.clone());
-        let mut env = spec.env.clone();
         let mut body = json!({
             "templateID": template,
             "timeout": self.timeout_secs,
-            "metadata": {TAG_SANDBOX: spec.tags.sandbox_id, TAG_ATTEMPT: spec.tags.attempt_id},
+            "metadata": tag_object(&spec.tags),
         });
-        if let Some(egress) = &spec.egress {
-            env.extend(egress.env(CA_PATH));
-            if let Some(network) = lockdown(egress) {
-                body["network"] = network;
-            }
+        if let Some(network) = spec.egress.as_ref().and_then(lockdown) {
+            body["network"] = network;
         }
-        body["envVars"] = json!(env);
+        body["envVars"] = json!(create_env(spec, CA_PATH));
         body
     }
 
@@ -177,15 +163,9 @@ impl E2b {
 
     async fn detail(&self, id: &str) -> Result<Option<SandboxDetail>, HttpFailure> {
         let path = format!("/sandboxes/{}", path_segment(id));
-        match self
-            .http
-            .send_idempotent(|| self.http.request(Method::GET, &path))
+        self.http
+            .read_optional(|| self.http.request(Method::GET, &path))
             .await
-        {
-            Ok(response) => Ok(Some(self.http.json(response).await?)),
-            Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(None),
-            Err(f) => Err(f),
-        }
     }
 
     /// A request to envd for sandbox `id`.
@@ -279,77 +259,68 @@ pub fn lockdown(egress: &RemoteEgress) -> Option<Value> {
 fn instance(id: String, metadata: &BTreeMap<String, String>) -> Instance {
     Instance {
         id,
-        tags: Tags {
-            sandbox_id: metadata.get(TAG_SANDBOX).cloned().unwrap_or_default(),
-            attempt_id: metadata.get(TAG_ATTEMPT).cloned().unwrap_or_default(),
-        },
+        tags: tags_of(Some(metadata)),
         // Paused sandboxes exist and hold capacity; both states are live.
         state: InstanceState::Running,
     }
 }
 
-/// E2B's answers, as the coordinator's error classes (the README's E2B table).
-pub fn classify(failure: &HttpFailure) -> ErrorClass {
-    let Some(status) = failure.status else {
-        // Never reached E2B: nothing was created. Reached it and timed out: unknown.
-        return if failure.sent {
-            ErrorClass::Unknown
-        } else {
-            ErrorClass::Outage
-        };
-    };
-    match failure.field("error_code") {
-        Some("sandbox_capacity_unavailable") | Some("sandbox_no_compatible_node") => {
-            return ErrorClass::Capacity
-        }
+/// E2B's answers, as the coordinator's error classes (the README's E2B table). The
+/// placement codes decide whatever the status; a 504 is E2B's gateway giving up waiting (the
+/// create may have gone through); 404 is a template (or snapshot) not on this account.
+pub static ERRORS: ErrorTable = ErrorTable {
+    code: error_code,
+    codes: &[
+        CodeRule::any("sandbox_capacity_unavailable", ErrorClass::Capacity),
+        CodeRule::any("sandbox_no_compatible_node", ErrorClass::Capacity),
         // The placement may still complete: look for it before trying elsewhere.
-        Some("sandbox_placement_timeout") => return ErrorClass::Unknown,
-        Some("sandbox_create_failed") => return ErrorClass::FailedBeforeRunning,
-        _ => {}
-    }
-    match status.as_u16() {
-        400 | 422 => ErrorClass::InvalidRequest,
-        401 | 403 => ErrorClass::UnboundAccount,
-        // The template (or snapshot) is not on this account.
-        404 => ErrorClass::Unsupported,
-        429 => ErrorClass::RateLimit,
-        502 | 503 => ErrorClass::Outage,
-        // E2B's gateway gave up waiting: the create may have gone through.
-        504 => ErrorClass::Unknown,
-        _ => ErrorClass::ProviderError,
-    }
+        CodeRule::any("sandbox_placement_timeout", ErrorClass::Unknown),
+        CodeRule::any("sandbox_create_failed", ErrorClass::FailedBeforeRunning),
+    ],
+    // No node took it, or creating it failed: nothing runs.
+    no_instance: &[
+        "sandbox_capacity_unavailable",
+        "sandbox_no_compatible_node",
+        "sandbox_create_failed",
+    ],
+    message: None,
+    statuses: &[
+        (400, ErrorClass::InvalidRequest),
+        (422, ErrorClass::InvalidRequest),
+        (401, ErrorClass::UnboundAccount),
+        (403, ErrorClass::UnboundAccount),
+        (404, ErrorClass::Unsupported),
+        (429, ErrorClass::RateLimit),
+        (502, ErrorClass::Outage),
+        (503, ErrorClass::Outage),
+        (504, ErrorClass::Unknown),
+    ],
+    op_kinds: &[
+        (404, OpErrorKind::NotFound),
+        (400, OpErrorKind::Invalid),
+        (409, OpErrorKind::Conflict),
+        // envd answers a paused sandbox with 502.
+        (502, OpErrorKind::Conflict),
+    ],
+    describe: own_message,
+};
+
+/// E2B's `error_code`.
+fn error_code(failure: &HttpFailure) -> Option<&str> {
+    failure.field("error_code")
+}
+
+/// [`ERRORS`] applied to one failure.
+pub fn classify(failure: &HttpFailure) -> ErrorClass {
+    ERRORS.classify(failure)
 }
 
 fn provider_error(failure: HttpFailure) -> ProviderError {
-    let mut error = ProviderError::new(classify(&failure), failure.message.clone());
-    error.retry_after = failure.retry_after;
-    error
-}
-
-/// A failed create call: [`provider_error`], marked `maybe_created` unless the answer proves
-/// nothing runs (a refusal, or E2B's placement codes: no node took it, or creating it failed).
-fn create_error(failure: HttpFailure) -> ProviderError {
-    let refused_placement = matches!(
-        failure.field("error_code"),
-        Some(
-            "sandbox_capacity_unavailable" | "sandbox_no_compatible_node" | "sandbox_create_failed"
-        )
-    );
-    let maybe_created = failure.may_have_created() && !refused_placement;
-    let mut error = provider_error(failure);
-    error.maybe_created = maybe_created;
-    error
+    ERRORS.provider_error(failure)
 }
 
 fn op_error(failure: HttpFailure) -> OpError {
-    let kind = match failure.status.map(|s| s.as_u16()) {
-        Some(404) => OpErrorKind::NotFound,
-        Some(400) => OpErrorKind::Invalid,
-        // envd answers a paused sandbox with 502.
-        Some(409) | Some(502) => OpErrorKind::Conflict,
-        _ => OpErrorKind::Provider,
-    };
-    OpError::new(kind, failure.message)
+    ERRORS.op_error(failure)
 }
 
 impl Provider for E2b {
@@ -367,13 +338,16 @@ impl Provider for E2b {
                 .request(Method::POST, "/v2/sandboxes")
                 .header("Idempotency-Key", &spec.tags.attempt_id)
                 .json(&body);
-            let response = self.http.send(request).await.map_err(create_error)?;
-            let created: CreatedSandbox = self.http.json(response).await.map_err(|f| {
-                // E2B said yes but we cannot read which sandbox: reconcile by tag.
-                let mut e = provider_error(f);
-                e.class = ErrorClass::Unknown;
-                e
-            })?;
+            let response = self
+                .http
+                .send(request)
+                .await
+                .map_err(|f| ERRORS.create_error(f))?;
+            let created: CreatedSandbox = self
+                .http
+                .json(response)
+                .await
+                .map_err(|f| ERRORS.unreadable_create(f))?;
             if let Some(token) = created.envd_access_token {
                 self.tokens
                     .lock()
@@ -382,13 +356,7 @@ impl Provider for E2b {
             }
             if let Some(egress) = &spec.egress {
                 if let Err(e) = self.install_ca(&created.sandbox_id, egress).await {
-                    return Err(ProviderError {
-                        class: ErrorClass::FailedBeforeRunning,
-                        message: format!("the sandbox's CA could not be installed: {e}"),
-                        instance_id: Some(created.sandbox_id),
-                        retry_after: None,
-                        maybe_created: false,
-                    });
+                    return Err(ca_not_installed(&created.sandbox_id, "sandbox", e));
                 }
             }
             Ok(Instance {
@@ -416,36 +384,19 @@ impl Provider for E2b {
     ) -> BoxFuture<'a, Result<Vec<Instance>, ProviderError>> {
         Box::pin(async move {
             // The filter is one query value: `k=v&k2=v2`, each part URL-encoded.
-            let mut pairs = vec![(TAG_SANDBOX, sandbox_id)];
-            if let Some(attempt) = attempt_id {
-                pairs.push((TAG_ATTEMPT, attempt));
-            }
-            let metadata = crate::e2b::wire::metadata_filter(&pairs);
-            let mut out = Vec::new();
-            let mut next = None;
-            for _ in 0..100 {
-                let (page, more) = self
-                    .list_page(&metadata, next.as_deref())
-                    .await
-                    .map_err(provider_error)?;
-                out.extend(
-                    page.into_iter()
-                        .filter(|s| {
-                            s.metadata.get(TAG_SANDBOX).map(String::as_str) == Some(sandbox_id)
-                        })
-                        .filter(|s| {
-                            attempt_id.is_none_or(|a| {
-                                s.metadata.get(TAG_ATTEMPT).map(String::as_str) == Some(a)
-                            })
-                        })
-                        .map(|s| instance(s.sandbox_id, &s.metadata)),
-                );
-                match more {
-                    Some(token) => next = Some(token),
-                    None => break,
-                }
-            }
-            Ok(out)
+            let filter = TagFilter::new(sandbox_id, attempt_id);
+            let metadata = crate::e2b::wire::metadata_filter(&filter.pairs());
+            let metadata = &metadata;
+            tags::list(filter, 100, move |next| async move {
+                let (page, more) = self.list_page(metadata, next.as_deref()).await?;
+                let found = page
+                    .into_iter()
+                    .map(|s| instance(s.sandbox_id, &s.metadata))
+                    .collect();
+                Ok((found, more))
+            })
+            .await
+            .map_err(provider_error)
         })
     }
 
@@ -460,11 +411,7 @@ impl Provider for E2b {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(instance_id);
-            match result {
-                Ok(_) => Ok(()),
-                Err(f) if f.status == Some(StatusCode::NOT_FOUND) => Ok(()),
-                Err(f) => Err(provider_error(f)),
-            }
+            absent_ok(result).map(|_| ()).map_err(provider_error)
         })
     }
 
@@ -841,16 +788,7 @@ async fn read_events(
 mod tests {
     use super::*;
 
-    fn failure(status: Option<u16>, body: Value, sent: bool) -> HttpFailure {
-        HttpFailure {
-            status: status.map(|s| StatusCode::from_u16(s).unwrap()),
-            body: Some(body),
-            retry_after: None,
-            sent,
-            timed_out: false,
-            message: String::new(),
-        }
-    }
+    use crate::providers::hosted::errors::test_failure as failure;
 
     #[test]
     fn the_failure_table() {

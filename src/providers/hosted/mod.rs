@@ -1,0 +1,112 @@
+//! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop), the layer they share, and
+//! building one adapter per `[[accounts]]` entry.
+//!
+//! Contract:
+//! - One adapter per account, shared by every pool on it (they share its HTTP connections
+//!   and its rate limits). Kinds without an adapter build nothing: their pools advance as
+//!   `unsupported`; an account naming no key gets no adapter (`unbound_account`).
+//! - The shared layer, below the adapters (they import it; it imports none of them):
+//!   [`account`] (key, base URL, option checks), [`http`] (authenticated calls, retries,
+//!   redaction), [`errors`] (the failure table each adapter declares, applied by one
+//!   function), [`poll`] (waiting for a provider-side state), [`tags`] (the tags a create
+//!   carries and reconciliation's tag listing), [`lockdown`] (the gateway as a native allow
+//!   entry and the CA step). An adapter module holds only what is provider specific: its
+//!   wire types, paths, bodies and tables.
+//! - A new adapter is a directory here, an arm in [`build`] and [`has_adapter`].
+
+pub mod account;
+pub mod errors;
+pub mod http;
+pub mod lockdown;
+pub mod poll;
+pub mod tags;
+
+pub mod daytona;
+pub mod e2b;
+pub mod runloop;
+pub mod vercel;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sandgate_router::{AccountConfig, ProviderKind};
+
+pub use account::{api_key, AccountError};
+
+use account::{check_base_url, OptionError};
+use daytona::{Daytona, DaytonaAccount};
+use e2b::{E2b, E2bAccount};
+use runloop::{Runloop, RunloopAccount};
+use vercel::{Vercel, VercelAccount};
+
+use crate::credentials::Secret;
+use crate::providers::Provider;
+
+/// Whether this build has an adapter for `kind` on hosted accounts.
+pub fn has_adapter(kind: ProviderKind) -> bool {
+    matches!(
+        kind,
+        ProviderKind::E2b | ProviderKind::Daytona | ProviderKind::Vercel | ProviderKind::Runloop
+    )
+}
+
+/// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway.
+pub fn locks_to_gateway(kind: ProviderKind) -> bool {
+    has_adapter(kind)
+}
+
+/// The adapter for one account, or `None` when this build has none for its kind.
+pub fn build(
+    kind: ProviderKind,
+    account: &AccountConfig,
+    tls: &rustls::ClientConfig,
+) -> Result<Option<Arc<dyn Provider>>, AccountError> {
+    // An account naming no key cannot serve; its pools' attempts advance as
+    // `unbound_account` (the coordinator checks), which is not a reason to refuse to start.
+    if !has_adapter(kind) || !account.has_credential() {
+        return Ok(None);
+    }
+    let key = api_key(account)?;
+    if let Some(url) = account.base_url.as_deref() {
+        check_base_url(url).map_err(|m| AccountError::new(account, "base_url", m))?;
+    }
+    let adapter = match kind {
+        ProviderKind::E2b => adapter(account, key, tls, E2bAccount::from_options, E2b::new)?,
+        ProviderKind::Daytona => adapter(
+            account,
+            key,
+            tls,
+            DaytonaAccount::from_options,
+            Daytona::new,
+        )?,
+        ProviderKind::Vercel => {
+            adapter(account, key, tls, VercelAccount::from_options, Vercel::new)?
+        }
+        ProviderKind::Runloop => adapter(
+            account,
+            key,
+            tls,
+            RunloopAccount::from_options,
+            Runloop::new,
+        )?,
+        _ => return Ok(None),
+    };
+    Ok(Some(adapter))
+}
+
+type FromOptions<S> = fn(Option<&str>, &BTreeMap<String, String>, Secret) -> Result<S, OptionError>;
+
+/// One adapter from its account settings (`options` checked) and its constructor.
+fn adapter<S, P: Provider + 'static>(
+    account: &AccountConfig,
+    key: Secret,
+    tls: &rustls::ClientConfig,
+    settings: FromOptions<S>,
+    new: fn(S, rustls::ClientConfig) -> Result<P, String>,
+) -> Result<Arc<dyn Provider>, AccountError> {
+    let settings = settings(account.base_url.as_deref(), &account.options, key)
+        .map_err(|(field, m)| AccountError::new(account, &field, m))?;
+    let adapter =
+        new(settings, tls.clone()).map_err(|m| AccountError::new(account, "base_url", m))?;
+    Ok(Arc::new(adapter))
+}
