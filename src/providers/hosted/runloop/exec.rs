@@ -321,21 +321,7 @@ pub(super) async fn follow(
         Fd::Stderr,
         tx.clone(),
     ));
-    // The command's end, its timeout, or the caller going away (which kills it).
-    let waited = {
-        let completed = wait_completed(&http, &devbox, &execution);
-        let limit = async {
-            match timeout {
-                Some(limit) => tokio::time::sleep(limit).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            result = completed => Waited::Done(result),
-            _ = limit => Waited::TimedOut,
-            _ = tx.closed() => Waited::Dropped,
-        }
-    };
+    let waited = wait_for(&http, &devbox, &execution, timeout, &tx).await;
     let view = match waited {
         Waited::TimedOut | Waited::Dropped => {
             kill(&http, &devbox, &execution).await;
@@ -380,6 +366,28 @@ pub(super) async fn follow(
             reason: ExitReason::Exited,
         }))
         .await;
+}
+
+/// The command's end, its timeout, or the caller going away (which kills it).
+async fn wait_for(
+    http: &ProviderHttp,
+    devbox: &str,
+    execution: &str,
+    timeout: Option<Duration>,
+    tx: &mpsc::Sender<ExecEvent>,
+) -> Waited {
+    let completed = wait_completed(http, devbox, execution);
+    let limit = async {
+        match timeout {
+            Some(limit) => tokio::time::sleep(limit).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        result = completed => Waited::Done(result),
+        _ = limit => Waited::TimedOut,
+        _ = tx.closed() => Waited::Dropped,
+    }
 }
 
 /// Lets a finished command's streams deliver what is left (for [`STREAM_GRACE`]); a stream
