@@ -1109,7 +1109,7 @@ fn missing_capability_is_named() {
         .arg(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "privilege_probe_child",
+            "localbox::privilege_probe_child",
             "--nocapture",
             "--test-threads=1",
         ])
