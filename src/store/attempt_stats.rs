@@ -33,4 +33,4 @@ impl Store {
     }
 }
 
-// Tested on both backends by tests/store.rs (recent_failures_counted_per_pool_and_class).
+// Tested on both backends by tests/it/store.rs (recent_failures_counted_per_pool_and_class).

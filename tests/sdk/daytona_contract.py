@@ -1,6 +1,6 @@
-"""Drives the official Daytona Python SDK against the fake Daytona of tests/common/fakes/daytona.rs.
+"""Drives the official Daytona Python SDK against the fake Daytona of tests/it/common/fakes/daytona.rs.
 
-Run by tests/daytona_fake.rs, which starts the fake and passes it in the environment:
+Run by tests/it/daytona_fake.rs, which starts the fake and passes it in the environment:
 DAYTONA_API_KEY and DAYTONA_API_URL (`<fake>/api`, the control plane). The toolbox is
 reached the way the SDK always reaches it: through each sandbox's `toolboxProxyUrl`, which
 the fake answers as `<fake>/toolbox` (the SDK then calls `<fake>/toolbox/{sandboxId}/...`).

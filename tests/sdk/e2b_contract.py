@@ -1,6 +1,6 @@
-"""Drives the official E2B Python SDK against the fake E2B of tests/common/fakes/e2b.rs.
+"""Drives the official E2B Python SDK against the fake E2B of tests/it/common/fakes/e2b.rs.
 
-Run by tests/e2b_fake.rs, which starts the fake and passes its origin in the environment:
+Run by tests/it/e2b_fake.rs, which starts the fake and passes its origin in the environment:
 E2B_API_KEY, E2B_API_URL (the control plane) and E2B_SANDBOX_URL (envd on the same origin;
 the SDK then sends every envd call there with E2b-Sandbox-Id / X-Access-Token headers).
 E2B_DEBUG must stay unset: in debug mode the SDK skips the API on create, kill, connect

@@ -1,5 +1,5 @@
 // Drives the official e2b JS SDK against sandgate's E2B-compatible API (src/facade); run by
-// tests/e2b_facade.rs. Environment: E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL (the
+// tests/it/e2b_facade.rs. Environment: E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL (the
 // facade's origin), SANDGATE_SDK_NODE (the directory whose node_modules holds the SDK,
 // default /opt/sandgate-sdk-node), FACADE_SDK_VERSION (the e2b release expected).
 // Prints `FACADE OK {json}` last on success; any failure throws (non-zero exit).

@@ -1,6 +1,6 @@
 """Drives the official E2B Python SDK against sandgate's E2B-compatible API (src/facade).
 
-Run by tests/e2b_facade.rs, which starts sandgate with `[e2b] listen` and passes, in the
+Run by tests/it/e2b_facade.rs, which starts sandgate with `[e2b] listen` and passes, in the
 environment: E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL (both the facade's origin), and:
 
 - FACADE_SDK_VERSION: the e2b release expected (the script checks it is the one imported);

@@ -2,7 +2,7 @@
 (issue 25 item 13): gzip uploads, create_snapshot / get_metrics / update_network, get_info's
 network and resources, and the operator's default egress.
 
-Run by tests/e2b_facade.rs with E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL set to the
+Run by tests/it/e2b_facade.rs with E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL set to the
 facade, FACADE_SDK_VERSION, and FACADE_GAPS naming the part to run:
 
 - `gzip`: files.write(..., gzip=True) (a str, a streamed file object, several files) reads

@@ -1,6 +1,6 @@
 """Drives the official Runloop Python SDK (runloop-api-client) against the fake Runloop.
 
-Run by tests/runloop_fake.rs::official_python_sdk_accepts_the_fake with RUNLOOP_API_KEY and
+Run by tests/it/runloop_fake.rs::official_python_sdk_accepts_the_fake with RUNLOOP_API_KEY and
 RUNLOOP_BASE_URL pointing at the fake. Every step goes through the SDK's own client (its
 high-level RunloopSDK where it has one, else the generated `api` resources); the last line
 printed is `CONTRACT OK {json}` for the Rust test to check against the fake's records.

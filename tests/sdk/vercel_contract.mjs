@@ -1,5 +1,5 @@
 // Drives the official @vercel/sandbox SDK against the fake Vercel Sandbox API
-// (tests/common/fakes/vercel.rs); run by tests/vercel_fake.rs::official_js_sdk_accepts_the_fake.
+// (tests/it/common/fakes/vercel.rs); run by tests/it/vercel_fake.rs::official_js_sdk_accepts_the_fake.
 //
 // Environment: VERCEL_FAKE_URL (the fake's origin, which replaces https://vercel.com/api),
 // VERCEL_TOKEN, VERCEL_TEAM_ID, VERCEL_PROJECT_ID, SANDGATE_SDK_NODE (the directory whose

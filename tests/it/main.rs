@@ -1,0 +1,49 @@
+//! Every integration test of the gateway in one binary: one module per area, sharing
+//! `common` (one link instead of one per file; see README "Layout").
+//!
+//! The tests share one process: the Prometheus recorder (`sandgate::telemetry::metrics_handle`),
+//! the tracing subscriber `common::capture_logs` installs and the process's environment are
+//! global. A test that asserts an exact value of an unlabelled, process-wide metric runs
+//! itself again alone in a child process (`common::run_alone`).
+
+mod common;
+
+mod api_input;
+mod aws_sigv4;
+mod cli;
+mod create_events;
+mod credentials;
+mod daytona_fake;
+mod deploy;
+mod dry_run;
+mod e2b_facade;
+mod e2b_fake;
+mod e2b_provider;
+mod egress;
+mod egress_attacks;
+mod egress_dns;
+mod egress_fuzz;
+mod egress_metadata;
+mod explain_agreement;
+mod floods;
+mod hosted_failover;
+mod local_provider;
+mod localbox;
+mod minted_credentials;
+mod openapi;
+mod policy_agreement;
+mod policy_layers;
+mod pools;
+mod postgres_gateway;
+mod propagation;
+mod proxy_tls;
+mod rekey;
+mod replica_failover;
+mod replicas;
+mod roles;
+mod routing_api;
+mod runloop_fake;
+mod sandbox_restart;
+mod sandboxes;
+mod store;
+mod vercel_fake;
