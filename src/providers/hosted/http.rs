@@ -197,6 +197,22 @@ impl ProviderHttp {
         }
     }
 
+    /// Reads a downloaded file's body; a body cut off midway is a provider failure naming
+    /// the file.
+    pub async fn file_bytes(
+        &self,
+        response: Response,
+        path: &str,
+    ) -> Result<Vec<u8>, crate::ops::OpError> {
+        let bytes = response.bytes().await.map_err(|e| {
+            crate::ops::OpError::new(
+                crate::ops::OpErrorKind::Provider,
+                format!("{}: reading {path}: {e}", self.provider),
+            )
+        })?;
+        Ok(bytes.to_vec())
+    }
+
     /// Reads a JSON body; a body that is not the expected JSON is a provider failure.
     pub async fn json<T: serde::de::DeserializeOwned>(
         &self,

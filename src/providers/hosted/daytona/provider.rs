@@ -205,13 +205,7 @@ impl Provider for Daytona {
                 .await?
                 .query(&[("path", path)]);
             let response = self.http.send(request).await.map_err(op_error)?;
-            let bytes = response.bytes().await.map_err(|e| {
-                OpError::new(
-                    OpErrorKind::Provider,
-                    format!("daytona: reading {path}: {e}"),
-                )
-            })?;
-            Ok(bytes.to_vec())
+            self.http.file_bytes(response, path).await
         })
     }
 

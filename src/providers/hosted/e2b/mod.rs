@@ -479,10 +479,7 @@ impl Provider for E2b {
                 .await?
                 .query(&[("path", path)]);
             let response = self.http.send(request).await.map_err(op_error)?;
-            let bytes = response.bytes().await.map_err(|e| {
-                OpError::new(OpErrorKind::Provider, format!("e2b: reading {path}: {e}"))
-            })?;
-            Ok(bytes.to_vec())
+            self.http.file_bytes(response, path).await
         })
     }
 

@@ -235,13 +235,7 @@ impl Provider for Runloop {
                 .send_idempotent(|| self.http.request(Method::POST, &url).json(&body))
                 .await
                 .map_err(op_error)?;
-            let bytes = response.bytes().await.map_err(|e| {
-                OpError::new(
-                    OpErrorKind::Provider,
-                    format!("runloop: reading {path}: {e}"),
-                )
-            })?;
-            Ok(bytes.to_vec())
+            self.http.file_bytes(response, path).await
         })
     }
 

@@ -181,13 +181,7 @@ impl Provider for Vercel {
                 .request(Method::POST, &Self::session_path(&session, "/fs/read"))
                 .json(&json!({"path": path}));
             let response = self.http.send(request).await.map_err(op_error)?;
-            let bytes = response.bytes().await.map_err(|e| {
-                OpError::new(
-                    OpErrorKind::Provider,
-                    format!("vercel: reading {path}: {e}"),
-                )
-            })?;
-            Ok(bytes.to_vec())
+            self.http.file_bytes(response, path).await
         })
     }
 
