@@ -1950,7 +1950,7 @@ fn policy_bench(s: &Settings) -> PolicyFigures {
             let t0 = Instant::now();
             let input = build(host, phase);
             let t1 = Instant::now();
-            let decision = engine.evaluate("egress", input);
+            let decision = engine.decide(sandgate::policy::Layer::Egress, input);
             let t2 = Instant::now();
             assert_eq!(decision.allowed, expect, "{host}: {:?}", decision.reasons);
             build_ns.push((t1 - t0).as_nanos() as u64);

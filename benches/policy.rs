@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use regorus::Value;
-use sandgate::policy::{Evaluator, PolicyEngine, LAYERS};
+use sandgate::policy::{Evaluator, Layer, PolicyEngine};
 use serde_json::json;
 
 const WORKSPACES: usize = 1_000;
@@ -43,9 +43,9 @@ fn main() {
         let engine = PolicyEngine::load_with(dir.path(), evaluator).expect("bundled policies load");
         let load = started.elapsed();
         let report = engine.report();
-        for layer in LAYERS {
-            let input = Value::from(input(layer));
-            let decision = engine.evaluate(layer, input.clone());
+        for layer in Layer::ALL {
+            let input = Value::from(input(layer.as_str()));
+            let decision = engine.decide(layer, input.clone());
             assert!(
                 decision.allowed,
                 "the benchmark input for {layer} should be allowed: {:?}",
@@ -53,13 +53,13 @@ fn main() {
             );
             // Warm-up: worker VM and engine caches.
             for _ in 0..iters / 10 {
-                std::hint::black_box(engine.evaluate(layer, input.clone()));
+                std::hint::black_box(engine.decide(layer, input.clone()));
             }
             let mut times = Vec::with_capacity(iters);
             for _ in 0..iters {
                 let input = input.clone();
                 let t = Instant::now();
-                let d = engine.evaluate(layer, input);
+                let d = engine.decide(layer, input);
                 times.push(t.elapsed());
                 std::hint::black_box(d);
             }
@@ -68,14 +68,14 @@ fn main() {
             let median = times[times.len() / 2];
             let p99 = times[times.len() * 99 / 100];
             let per_sec = iters as f64 / total.as_secs_f64();
-            let mode = if report.layers.bytecode.contains(layer) {
+            let mode = if report.layers.bytecode.contains(&layer.as_str()) {
                 format!("{evaluator:?}").to_lowercase()
             } else {
                 "interpreter".to_string()
             };
             let ok = median < TARGET;
             if !ok && evaluator == Evaluator::Bytecode {
-                misses.push(*layer);
+                misses.push(layer.as_str());
             }
             println!(
                 "{:<11} {:<12} {:>12.0} {:>11} {:>11} {:>9}",

@@ -29,6 +29,7 @@ pub mod propagation;
 pub mod providers;
 pub mod rekey;
 pub mod replicas;
+pub mod reply;
 pub mod server;
 pub mod store;
 pub mod telemetry;

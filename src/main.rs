@@ -313,17 +313,9 @@ fn policy_command(command: PolicyCommand, default_dir: &std::path::Path) -> anyh
             };
             let value = regorus::Value::from_json_str(&text).context("the input is not JSON")?;
             let engine = sandgate::policy::PolicyEngine::load(dir)?;
-            let layer: &'static str = sandgate::policy::LAYERS
-                .iter()
-                .find(|l| **l == layer)
-                .with_context(|| {
-                    format!(
-                        "unknown layer {layer:?}; known: {:?}",
-                        sandgate::policy::LAYERS
-                    )
-                })?;
-            let scopes = engine.scopes_for(layer, &value);
-            let decision = engine.evaluate(layer, value);
+            let layer: sandgate::policy::Layer = layer.parse()?;
+            let scopes = engine.scopes_for(layer.as_str(), &value);
+            let decision = engine.decide(layer, value);
             println!(
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
 use crate::callers::bearer;
@@ -19,11 +19,11 @@ pub use crate::callers::{
     local_admin_principal, local_secret, ApiAuth, AuthConfigError, DelegationScope, Principal,
     DELEGATION_TOKEN_PREFIX,
 };
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 fn unauthenticated(message: &str) -> Response {
-    let mut response = ErrorReply::new(
-        StatusCode::UNAUTHORIZED,
+    let mut response = Error::new(
+        Kind::Unauthenticated,
         "unauthenticated",
         message.to_string(),
     )
@@ -40,8 +40,8 @@ fn unauthenticated(message: &str) -> Response {
 async fn delegated(state: &super::ApiState, token: &str) -> Result<Arc<Principal>, Response> {
     crate::operations::delegation::resolve_delegated(&state.ops, token)
         .await
-        .map_err(|e| match e.status {
-            StatusCode::UNAUTHORIZED => unauthenticated(&e.message),
+        .map_err(|e| match e.kind {
+            Kind::Unauthenticated => unauthenticated(&e.message),
             _ => e.into_response(),
         })
 }
@@ -68,12 +68,6 @@ impl FromRequestParts<super::ApiState> for ActionCaller {
     }
 }
 
-impl IntoResponse for ErrorReply {
-    fn into_response(self) -> Response {
-        self.to_response::<axum::body::Body>()
-    }
-}
-
 /// Extracts the authenticated principal or answers 401.
 pub struct Caller(pub Arc<Principal>);
 
@@ -86,8 +80,8 @@ impl FromRequestParts<super::ApiState> for Caller {
     ) -> Result<Self, Self::Rejection> {
         let header = parts.headers.get(header::AUTHORIZATION);
         if bearer(header).is_some_and(|t| t.starts_with(DELEGATION_TOKEN_PREFIX)) {
-            return Err(ErrorReply::new(
-                StatusCode::FORBIDDEN,
+            return Err(Error::new(
+                Kind::Forbidden,
                 "delegation_scope",
                 "a delegated token may only perform the actions it names on its sandbox",
             )

@@ -21,9 +21,8 @@ use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use serde::de::{self, DeserializeOwned, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use serde_json::json;
 
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 /// Largest JSON request body (the API router's `DefaultBodyLimit`).
 pub const MAX_JSON_BYTES: usize = 1024 * 1024;
@@ -32,7 +31,7 @@ pub const MAX_JSON_BYTES: usize = 1024 * 1024;
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
-    type Rejection = ErrorReply;
+    type Rejection = Error;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let bytes = Bytes::from_request(req, state)
@@ -46,7 +45,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
 pub struct RawBody(pub Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for RawBody {
-    type Rejection = ErrorReply;
+    type Rejection = Error;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         Bytes::from_request(req, state)
@@ -57,16 +56,16 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 }
 
 /// A body that could not be read: 413 over the limit, else 400.
-pub fn body_rejection(rejection: BytesRejection) -> ErrorReply {
+pub fn body_rejection(rejection: BytesRejection) -> Error {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ErrorReply::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
+        Error::new(
+            Kind::TooLarge,
             "payload_too_large",
             "the request body is larger than this endpoint accepts",
         )
     } else {
-        ErrorReply::new(
-            StatusCode::BAD_REQUEST,
+        Error::new(
+            Kind::Invalid,
             "invalid_request",
             "the request body could not be read",
         )
@@ -74,7 +73,7 @@ pub fn body_rejection(rejection: BytesRejection) -> ErrorReply {
 }
 
 /// Parses exactly one JSON value with no duplicate keys into `T`.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ErrorReply> {
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     // First pass: syntax, trailing bytes and duplicate keys, whatever `T` is (maps such as
     // `labels` or `env` would otherwise keep the last of two equal keys silently).
     let de = &mut serde_json::Deserializer::from_slice(bytes);
@@ -87,13 +86,13 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ErrorReply> {
     Ok(value)
 }
 
-fn trailing() -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::BAD_REQUEST,
+fn trailing() -> Error {
+    Error::new(
+        Kind::Invalid,
         "invalid_request",
         "the request body has bytes after its JSON value",
     )
-    .with_details(json!({"field": "."}))
+    .field(".")
 }
 
 const DUPLICATE_KEY: &str = "duplicate key";
@@ -101,7 +100,7 @@ const DUPLICATE_KEY: &str = "duplicate key";
 /// Longest field path reported (a deeply nested body has a very long one).
 const MAX_PATH_CHARS: usize = 256;
 
-fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ErrorReply {
+fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> Error {
     let mut path = e.path().to_string();
     if path.len() > MAX_PATH_CHARS {
         path = ".".into();
@@ -122,8 +121,7 @@ fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ErrorReply {
     } else {
         format!("the request body {what} at `{path}`")
     };
-    ErrorReply::new(StatusCode::BAD_REQUEST, "invalid_request", message)
-        .with_details(json!({"field": path}))
+    Error::new(Kind::Invalid, "invalid_request", message).field(path)
 }
 
 /// Any JSON value, refusing an object with a key twice (reported at that key's path).
@@ -196,7 +194,7 @@ impl<'de> DeserializeSeed<'de> for Duplicate {
 mod tests {
     use super::*;
 
-    fn err(body: &str) -> ErrorReply {
+    fn err(body: &str) -> Error {
         parse_json::<serde_json::Value>(body.as_bytes()).unwrap_err()
     }
 
@@ -205,7 +203,7 @@ mod tests {
         assert!(parse_json::<serde_json::Value>(br#" {"a": [1, {"b": null}]} "#).is_ok());
         for bad in [r#"{"a":1} xyz"#, r#"{}{}"#, "{} ]", "", "[1,]", "nul"] {
             let e = err(bad);
-            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+            assert_eq!(e.kind, Kind::Invalid, "{bad}");
             assert_eq!(e.code, "invalid_request");
         }
         assert!(err("{} x").message.contains("bytes after"));
@@ -214,10 +212,15 @@ mod tests {
     #[test]
     fn duplicate_keys_are_refused_at_their_path() {
         let e = err(r#"{"labels": {"a": "1", "b": {"c": 1}, "a": "2"}}"#);
-        assert_eq!(e.details["field"], "labels.a", "{}", e.message);
+        assert_eq!(
+            e.details.field.as_deref(),
+            Some("labels.a"),
+            "{}",
+            e.message
+        );
         assert!(e.message.contains("duplicate key"));
         let e = err(r#"[{"x": 1, "x": 1}]"#);
-        assert_eq!(e.details["field"], "[0].x");
+        assert_eq!(e.details.field.as_deref(), Some("[0].x"));
     }
 
     #[test]
@@ -235,7 +238,7 @@ mod tests {
             r#"{"n": 1, "n": "secret-value-1"}"#,
         ] {
             let e = parse_json::<T>(bad.as_bytes()).unwrap_err();
-            let text = serde_json::to_string(&e.body()).unwrap();
+            let text = serde_json::to_string(&e.record()).unwrap();
             assert!(!text.contains("secret-value-1"), "{text}");
         }
     }

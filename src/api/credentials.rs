@@ -20,7 +20,7 @@ use super::body::JsonBody;
 use super::extract::Path;
 use super::ApiState;
 use crate::credentials::{Apply, CredentialError, CredentialMeta, DestinationRule, Secret};
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 pub fn routes() -> Router<ApiState> {
     Router::new()
@@ -59,25 +59,25 @@ const MAX_LIST: usize = 64;
 /// Longest header template, path prefix or username, in bytes.
 const MAX_TEXT_BYTES: usize = 1024;
 
-fn invalid(field: impl Into<String>, message: impl Into<String>) -> ErrorReply {
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> Error {
     let field = field.into();
     let message = message.into();
-    ErrorReply::new(
-        StatusCode::BAD_REQUEST,
+    Error::new(
+        Kind::Invalid,
         "invalid_request",
         format!("`{field}`: {message}"),
     )
-    .with_details(json!({"field": field}))
+    .field(field)
 }
 
-fn text(field: impl Into<String>, value: &str, max: usize) -> Result<(), ErrorReply> {
+fn text(field: impl Into<String>, value: &str, max: usize) -> Result<(), Error> {
     match sandgate_router::check_text(value, max, false) {
         Some(problem) => Err(invalid(field, problem)),
         None => Ok(()),
     }
 }
 
-fn bounded(field: &str, len: usize) -> Result<(), ErrorReply> {
+fn bounded(field: &str, len: usize) -> Result<(), Error> {
     if len > MAX_LIST {
         return Err(invalid(
             field,
@@ -89,7 +89,7 @@ fn bounded(field: &str, len: usize) -> Result<(), ErrorReply> {
 
 /// The checks of the module documentation, made before anything is stored; messages name
 /// the field and never quote the value.
-fn check_body(ws: &str, body: &CredentialBody) -> Result<(), ErrorReply> {
+fn check_body(ws: &str, body: &CredentialBody) -> Result<(), Error> {
     text("workspace", ws, sandgate_router::MAX_NAME_BYTES)?;
     if let Some(user) = &body.user {
         text("user", user, sandgate_router::MAX_NAME_BYTES)?;
@@ -154,32 +154,30 @@ fn check_body(ws: &str, body: &CredentialBody) -> Result<(), ErrorReply> {
     Ok(())
 }
 
-fn forbidden(ws: &str) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::FORBIDDEN,
+fn forbidden(ws: &str) -> Error {
+    Error::new(
+        Kind::Forbidden,
         "forbidden",
         format!("this principal may not manage credentials of workspace {ws:?}"),
     )
 }
 
-fn error_reply(e: CredentialError) -> ErrorReply {
+fn error_reply(e: CredentialError) -> Error {
     match e {
-        CredentialError::Invalid { field, message } => ErrorReply::new(
-            StatusCode::BAD_REQUEST,
+        CredentialError::Invalid { field, message } => Error::new(
+            Kind::Invalid,
             "invalid_request",
             format!("`{field}`: {message}"),
         )
-        .with_details(json!({"field": field})),
+        .field(field),
         CredentialError::Exists { .. } => {
-            ErrorReply::new(StatusCode::CONFLICT, "already_exists", e.to_string())
+            Error::new(Kind::Conflict, "already_exists", e.to_string())
         }
-        CredentialError::NotFound { .. } => {
-            ErrorReply::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
-        }
+        CredentialError::NotFound { .. } => Error::new(Kind::NotFound, "not_found", e.to_string()),
         other => {
             tracing::error!(error = %other, "credential operation failed");
-            ErrorReply::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
+            Error::new(
+                Kind::Internal,
                 "internal",
                 "the credential could not be stored",
             )

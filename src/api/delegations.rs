@@ -32,7 +32,7 @@ use super::body::JsonBody;
 use super::extract::Path;
 use super::ApiState;
 use crate::callers::{token_hash, DELEGATION_TOKEN_PREFIX};
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 use crate::store::delegations::DelegationRow;
 
 /// Longest delegation.
@@ -78,8 +78,8 @@ pub async fn mint(
     JsonBody(body): JsonBody<MintBody>,
 ) -> Response {
     let invalid = |field: &str, message: String| {
-        ErrorReply::new(StatusCode::BAD_REQUEST, "invalid_request", message)
-            .with_details(json!({"field": field}))
+        Error::new(Kind::Invalid, "invalid_request", message)
+            .field(field)
             .into_response()
     };
     if body.agent.trim().is_empty()
@@ -156,8 +156,8 @@ pub async fn list(
     match state.ops.sandboxes.locate(&id).await {
         Ok(Some(l)) if caller.may_manage(&l.row.workspace) => {}
         Ok(_) => {
-            return ErrorReply::new(
-                StatusCode::NOT_FOUND,
+            return Error::new(
+                Kind::NotFound,
                 "not_found",
                 format!("no sandbox {id:?} in your workspace"),
             )
@@ -189,8 +189,8 @@ pub async fn revoke(
     match store.get_delegation(&delegation_id).await {
         Ok(Some(row)) if caller.may_manage(&row.workspace) => {}
         Ok(_) => {
-            return ErrorReply::new(
-                StatusCode::NOT_FOUND,
+            return Error::new(
+                Kind::NotFound,
                 "not_found",
                 format!("no delegation {delegation_id:?} in your workspace"),
             )

@@ -20,7 +20,6 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
-use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -29,7 +28,7 @@ use super::extract::Path;
 use super::ApiState;
 use crate::create::events::{next_events, Cursor, ProgressEvent, POLL_INTERVAL};
 use crate::create::Coordinator;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 /// How often an idle stream sends a keep-alive comment (so proxies and the client's read
 /// timeout do not cut a quiet stream).
@@ -58,8 +57,8 @@ pub fn routes() -> Router<ApiState> {
 /// The same answer as `GET /v1/sandboxes/{id}` for an unknown id or another workspace's
 /// sandbox, so ids of other workspaces stay private.
 fn not_found(id: &str) -> Response {
-    ErrorReply::new(
-        StatusCode::NOT_FOUND,
+    Error::new(
+        Kind::NotFound,
         "not_found",
         format!("no sandbox {id:?} in your workspace"),
     )
@@ -67,12 +66,12 @@ fn not_found(id: &str) -> Response {
 }
 
 fn rate_limited(max: usize) -> Response {
-    let mut response = ErrorReply::new(
-        StatusCode::TOO_MANY_REQUESTS,
+    let mut response = Error::new(
+        Kind::RateLimited,
         "rate_limited",
         "too many event streams are open on this gateway; retry shortly",
     )
-    .with_details(json!({"limit": max}))
+    .limit(max as u64)
     .into_response();
     response
         .headers_mut()
@@ -81,17 +80,17 @@ fn rate_limited(max: usize) -> Response {
 }
 
 /// The cursor `Last-Event-ID` names (none: from the start).
-fn resume_from(headers: &HeaderMap) -> Result<Cursor, ErrorReply> {
+fn resume_from(headers: &HeaderMap) -> Result<Cursor, Error> {
     let Some(value) = headers.get("last-event-id") else {
         return Ok(Cursor::default());
     };
     value.to_str().ok().and_then(Cursor::decode).ok_or_else(|| {
-        ErrorReply::new(
-            StatusCode::BAD_REQUEST,
+        Error::new(
+            Kind::Invalid,
             "invalid_request",
             "Last-Event-ID must be the id of an event this endpoint sent",
         )
-        .with_details(json!({"field": "Last-Event-ID"}))
+        .field("Last-Event-ID")
     })
 }
 

@@ -11,11 +11,9 @@
 
 use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
-use serde_json::json;
 
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 /// Longest path parameter, in bytes.
 pub const MAX_PATH_PARAM_BYTES: usize = 256;
@@ -28,7 +26,7 @@ where
     T: DeserializeOwned + Send,
     S: Send + Sync,
 {
-    type Rejection = ErrorReply;
+    type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let raw = RawPathParams::from_request_parts(parts, state)
@@ -62,8 +60,8 @@ where
                         Err(invalid(&key, "has the wrong form"))
                     }
                     K::ParseErrorAtIndex { .. } | K::ParseError { .. } | K::Message(_) => {
-                        Err(ErrorReply::new(
-                            StatusCode::BAD_REQUEST,
+                        Err(Error::new(
+                            Kind::Invalid,
                             "invalid_request",
                             "a path parameter has the wrong form",
                         ))
@@ -76,20 +74,20 @@ where
     }
 }
 
-fn invalid(key: &str, problem: &str) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::BAD_REQUEST,
+fn invalid(key: &str, problem: &str) -> Error {
+    Error::new(
+        Kind::Invalid,
         "invalid_request",
         format!("path parameter `{key}` {problem}"),
     )
-    .with_details(json!({"field": key}))
+    .field(key)
 }
 
 /// A route declared a parameter its handler does not read (a bug, not the client's fault).
-fn internal() -> ErrorReply {
+fn internal() -> Error {
     tracing::error!("path parameters do not match the route");
-    ErrorReply::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
+    Error::new(
+        Kind::Internal,
         "internal",
         "the request could not be routed",
     )
@@ -109,14 +107,14 @@ where
     T: DeserializeOwned + QueryParams + Send,
     S: Send + Sync,
 {
-    type Rejection = ErrorReply;
+    type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(value)) => Ok(Query(value)),
             // serde's message may quote a value; it is not passed on.
-            Err(_) => Err(ErrorReply::new(
-                StatusCode::BAD_REQUEST,
+            Err(_) => Err(Error::new(
+                Kind::Invalid,
                 "invalid_request",
                 format!(
                     "the query string has an unknown, repeated, missing or mistyped parameter; \
@@ -124,7 +122,7 @@ where
                     T::PARAMS
                 ),
             )
-            .with_details(json!({"field": "query"}))),
+            .field("query")),
         }
     }
 }

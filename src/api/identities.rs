@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -15,7 +14,7 @@ use serde_json::json;
 use super::auth::Caller;
 use super::extract::Path;
 use super::ApiState;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 use crate::localbox::{CA_ENV_VARS, NO_PROXY, PROXY_ENV_VARS};
 
 pub fn routes() -> Router<ApiState> {
@@ -40,8 +39,8 @@ pub async fn env(
         Some(identity) if caller.may_manage(&identity.workspace) => identity,
         // The same answer for "absent" and "not yours": ids of other workspaces stay private.
         _ => {
-            return ErrorReply::new(
-                StatusCode::NOT_FOUND,
+            return Error::new(
+                Kind::NotFound,
                 "not_found",
                 format!("no identity {id:?} in your workspace"),
             )

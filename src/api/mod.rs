@@ -22,6 +22,9 @@ pub mod routes;
 pub mod sandbox_ops;
 pub mod sandboxes;
 
+use crate::error::{Details, Error, Kind};
+use crate::reply::ErrorReply;
+
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -31,6 +34,13 @@ use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
+
+/// The `/v1` answer for a domain error: its kind's status and the error shape.
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        ErrorReply::api(self).to_response::<axum::body::Body>()
+    }
+}
 
 /// What the API serves with: the operations layer's context (shared with the E2B facade)
 /// plus what only this HTTP edge needs.
@@ -121,15 +131,16 @@ pub async fn readyz(State(state): State<ApiState>) -> Response {
         .into_response();
     }
     // The store's error is logged, not shown: it may name hosts and users.
-    crate::error::ErrorReply::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+    Error::new(
+        Kind::Unavailable,
         "not_ready",
         "this replica is not ready: see details",
     )
-    .with_details(json!({
-        "store": if store_ok { "ok" } else { "unreachable" },
-        "policy_generation": generation,
-    }))
+    .with_details(Details {
+        store: Some(if store_ok { "ok" } else { "unreachable" }.into()),
+        policy_generation: Some(generation),
+        ..Details::default()
+    })
     .into_response()
 }
 
@@ -163,18 +174,17 @@ pub async fn metrics(State(state): State<ApiState>) -> Response {
 }
 
 async fn not_found() -> Response {
-    crate::error::ErrorReply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-        .to_response::<axum::body::Body>()
+    Error::not_found("no such endpoint").into_response()
 }
 
 /// axum adds the `Allow` header to this answer.
 async fn method_not_allowed() -> Response {
-    crate::error::ErrorReply::new(
-        StatusCode::METHOD_NOT_ALLOWED,
+    Error::new(
+        Kind::MethodNotAllowed,
         "method_not_allowed",
         "this endpoint does not take this method; the Allow header lists the ones it takes",
     )
-    .to_response::<axum::body::Body>()
+    .into_response()
 }
 
 /// Any 4xx/5xx that is not already in the error shape (no `X-Sandgate-Error`) becomes it,
@@ -183,7 +193,7 @@ async fn method_not_allowed() -> Response {
 async fn error_shape(response: Response) -> Response {
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error())
-        || response.headers().contains_key(crate::error::ERROR_HEADER)
+        || response.headers().contains_key(crate::reply::ERROR_HEADER)
     {
         return response;
     }
@@ -209,8 +219,12 @@ async fn error_shape(response: Response) -> Response {
         StatusCode::SERVICE_UNAVAILABLE => ("overloaded", "the service is unavailable; retry"),
         _ => ("internal", "the request could not be handled"),
     };
-    let mut reply =
-        crate::error::ErrorReply::new(status, code, message).to_response::<axum::body::Body>();
+    // The status stays the one the layer below chose; the kind is only for the body.
+    let reply = ErrorReply {
+        status,
+        error: Error::new(Kind::Internal, code, message),
+    };
+    let mut reply = reply.to_response::<axum::body::Body>();
     for name in [header::ALLOW, header::WWW_AUTHENTICATE, header::RETRY_AFTER] {
         if let Some(value) = response.headers().get(&name) {
             reply.headers_mut().insert(name, value.clone());

@@ -8,14 +8,13 @@
 //! sandbox, a workspace's data or a secret.
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 
 use super::auth::Caller;
 use super::ApiState;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 pub fn routes() -> Router<ApiState> {
     Router::new().route("/v1/pools", get(list))
@@ -40,8 +39,8 @@ pub async fn list(State(state): State<ApiState>, Caller(_caller): Caller) -> Res
         Ok(view) => Json(view).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "pool statistics");
-            ErrorReply::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
+            Error::new(
+                Kind::Internal,
                 "internal",
                 "pool statistics could not be read",
             )

@@ -3,18 +3,17 @@
 //! coordinator would use. Nothing is created. Also `GET /openapi.json`.
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::{json, Value};
+use serde_json::Value;
 use utoipa::OpenApi;
 
 use super::auth::Caller;
 use super::body::JsonBody;
 use super::ApiState;
 use crate::create::CreateBody;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 pub fn routes() -> Router<ApiState> {
     Router::new()
@@ -44,12 +43,12 @@ pub async fn explain(
     let body = match CreateBody::parse(body) {
         Ok(b) => b,
         Err(e) => {
-            return ErrorReply::new(
-                StatusCode::BAD_REQUEST,
+            return Error::new(
+                Kind::Invalid,
                 "invalid_request",
                 format!("`{}`: {}", e.field, e.message),
             )
-            .with_details(json!({"field": e.field}))
+            .field(e.field)
             .into_response()
         }
     };
@@ -66,8 +65,8 @@ pub async fn explain(
         Ok(ctx) => ctx,
         Err(e) => {
             tracing::error!(error = %e, "route context");
-            return ErrorReply::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
+            return Error::new(
+                Kind::Internal,
                 "internal",
                 "routing statistics could not be read",
             )
@@ -140,7 +139,7 @@ pub struct ApiDoc;
 /// The error shape every 4xx and 5xx answer has (`api::error_shape` rewrites any other).
 #[derive(utoipa::ToSchema)]
 #[schema(as = Error)]
-#[allow(dead_code)] // documentation only: replies are built by `ErrorReply`
+#[allow(dead_code)] // documentation only: replies are built by `Error`
 struct ErrorDoc {
     error: ErrorDetailDoc,
 }

@@ -30,7 +30,7 @@ use super::auth::{ActionCaller, Principal};
 use super::body::{JsonBody, RawBody};
 use super::extract::{Path, Query, QueryParams};
 use super::ApiState;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 use crate::operations::authorize::not_found;
 use crate::operations::commands::{start_command, ExecRequest};
 use crate::operations::files::{file_action, MAX_FILE_BYTES};
@@ -160,7 +160,7 @@ async fn start_exec(
     caller: &Principal,
     id: &str,
     request: ExecRequest,
-) -> Result<Response, ErrorReply> {
+) -> Result<Response, Error> {
     let stream = start_command(&state.ops, caller, id, request).await?;
     let exec_id = format!("ex-{}", crate::base::ids::random_hex(8));
     state.execs.map().insert(
@@ -264,8 +264,8 @@ pub async fn cancel(
             )
                 .into_response()
         }
-        None => ErrorReply::new(
-            StatusCode::NOT_FOUND,
+        None => Error::new(
+            Kind::NotFound,
             "not_found",
             format!("no running exec {exec_id:?} in sandbox {id}"),
         )
@@ -299,7 +299,7 @@ async fn file_op<F, T>(
     operation: &'static str,
     q: PathParam,
     op: F,
-) -> Result<T, ErrorReply>
+) -> Result<T, Error>
 where
     F: for<'a> FnOnce(
         &'a dyn Provider,
@@ -559,7 +559,7 @@ pub struct SnapshotBody {
 impl SnapshotBody {
     /// An empty body is a provider snapshot; anything else must be this JSON object (the
     /// operations layer checks its values).
-    fn parse(bytes: &[u8]) -> Result<SnapshotRequest, ErrorReply> {
+    fn parse(bytes: &[u8]) -> Result<SnapshotRequest, Error> {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(SnapshotRequest::default());
         }

@@ -17,7 +17,8 @@ use super::auth::Caller;
 use super::body::JsonBody;
 use super::extract::{Path, Query, QueryParams};
 use super::ApiState;
-use crate::error::ErrorReply;
+use crate::create::Answer;
+use crate::error::{Error, Kind};
 use crate::store::sandboxes::ListFilter;
 
 pub fn routes() -> Router<ApiState> {
@@ -27,8 +28,8 @@ pub fn routes() -> Router<ApiState> {
 }
 
 fn not_found(id: &str) -> Response {
-    ErrorReply::new(
-        StatusCode::NOT_FOUND,
+    Error::new(
+        Kind::NotFound,
         "not_found",
         format!("no sandbox {id:?} in your workspace"),
     )
@@ -66,8 +67,8 @@ pub async fn create(
         None => None,
         Some(Ok(v)) => Some(v.to_string()),
         Some(Err(_)) => {
-            return ErrorReply::new(
-                StatusCode::BAD_REQUEST,
+            return Error::new(
+                Kind::Invalid,
                 "invalid_request",
                 "Idempotency-Key must be visible ASCII",
             )
@@ -75,7 +76,14 @@ pub async fn create(
         }
     };
     match state.ops.sandboxes.create(&caller, body, key).await {
-        Ok((status, body)) => (status, Json(body)).into_response(),
+        Ok(answer) => {
+            let status = match &answer {
+                Answer::Placed(_) => StatusCode::CREATED,
+                Answer::Placing(_) => StatusCode::ACCEPTED,
+                Answer::Plan(_) => StatusCode::OK,
+            };
+            (status, Json(answer.into_body())).into_response()
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -123,8 +131,8 @@ impl QueryParams for ListQuery {
 const STATES: &[&str] = crate::operations::ANY_STATE;
 
 fn invalid(field: &str, message: String) -> Response {
-    ErrorReply::new(StatusCode::BAD_REQUEST, "invalid_request", message)
-        .with_details(json!({"field": field}))
+    Error::new(Kind::Invalid, "invalid_request", message)
+        .field(field)
         .into_response()
 }
 
@@ -177,8 +185,8 @@ pub async fn list(
     }
     let workspace = q.workspace.unwrap_or_else(|| caller.workspace.clone());
     if !caller.may_manage(&workspace) {
-        return ErrorReply::new(
-            StatusCode::FORBIDDEN,
+        return Error::new(
+            Kind::Forbidden,
             "forbidden",
             format!("this principal may not list sandboxes of workspace {workspace:?}"),
         )

@@ -5,20 +5,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use sandgate_router::{Explanation, Route, RouteContext};
 
 use super::{
-    internal, no_eligible_reply, record, token_context, Coordinator, CreateBody, StoredCandidate,
-    StoredPrincipal,
+    internal, no_eligible_reply, record, token_context, Answer, Coordinator, CreateBody,
+    StoredCandidate, StoredPrincipal,
 };
 use crate::base::clock::now_ms;
 use crate::base::ids::random_hex;
 use crate::base::Principal;
 use crate::credentials::Secret;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 use crate::identity::Identity;
 use crate::store::sandboxes::{InsertOutcome, SandboxRow};
 use crate::store::snapshots::SnapshotRow;
@@ -70,7 +69,7 @@ impl Coordinator {
         caller: &Principal,
         body: Value,
         idempotency_key: Option<String>,
-    ) -> Result<(StatusCode, Value), ErrorReply> {
+    ) -> Result<Answer, Error> {
         let req = accept(caller, body, idempotency_key.as_deref())?;
         // A dry run neither claims nor looks up the key: it is not the create the key names.
         if let Some(key) = idempotency_key.as_ref().filter(|_| !req.body.dry_run) {
@@ -93,7 +92,7 @@ impl Coordinator {
                 &routed.candidates,
                 &record,
             );
-            return Ok((StatusCode::OK, plan));
+            return Ok(Answer::Plan(plan));
         }
 
         let token = random_hex(24);
@@ -125,7 +124,7 @@ impl Coordinator {
     /// Runs once the request is accepted, before routing: the credentials it names must be
     /// bindable in the workspace now (they are bound again, by name, when it runs), so a
     /// create naming a missing one is refused at once instead of failing on every pool.
-    fn check_credentials(&self, id: &str, req: &Accepted) -> Result<(), ErrorReply> {
+    fn check_credentials(&self, id: &str, req: &Accepted) -> Result<(), Error> {
         Identity::new(
             id.to_string(),
             Vec::new(),
@@ -146,12 +145,12 @@ impl Coordinator {
                 }
                 other => ("credentials".into(), other.to_string()),
             };
-            ErrorReply::new(
-                StatusCode::BAD_REQUEST,
+            Error::new(
+                Kind::Invalid,
                 "invalid_request",
                 format!("`{key}`: {message}"),
             )
-            .with_details(json!({"field": key}))
+            .field(key)
         })?;
         Ok(())
     }
@@ -159,7 +158,7 @@ impl Coordinator {
     /// Routes the create when it is accepted: the ranked candidate pools, kept only where
     /// the snapshot it names can be restored. No eligible pool, or none that can restore the
     /// snapshot, refuses the create before anything is recorded.
-    async fn route_create(&self, req: &Accepted) -> Result<Routed, ErrorReply> {
+    async fn route_create(&self, req: &Accepted) -> Result<Routed, Error> {
         let request = &req.body.request;
         let ctx = self
             .route_context_for(Some(request), Some(&req.workspace))
@@ -218,7 +217,7 @@ impl Coordinator {
         candidates: &[StoredCandidate],
         record: &record::PlacementRecord<'_>,
         token: &str,
-    ) -> Result<SandboxRow, ErrorReply> {
+    ) -> Result<SandboxRow, Error> {
         let sealed = self
             .deps
             .credentials
@@ -256,30 +255,30 @@ fn accept(
     caller: &Principal,
     body: Value,
     idempotency_key: Option<&str>,
-) -> Result<Accepted, ErrorReply> {
+) -> Result<Accepted, Error> {
     let body = CreateBody::parse(body).map_err(|e| {
-        ErrorReply::new(
-            StatusCode::BAD_REQUEST,
+        Error::new(
+            Kind::Invalid,
             "invalid_request",
             format!("`{}`: {}", e.field, e.message),
         )
-        .with_details(json!({"field": e.field}))
+        .field(e.field)
     })?;
     let workspace = body
         .workspace
         .clone()
         .unwrap_or_else(|| caller.workspace.clone());
     if !caller.may_manage(&workspace) {
-        return Err(ErrorReply::new(
-            StatusCode::FORBIDDEN,
+        return Err(Error::new(
+            Kind::Forbidden,
             "forbidden",
             format!("this principal may not create sandboxes in workspace {workspace:?}"),
         ));
     }
     if let Some(key) = idempotency_key {
         if key.is_empty() || key.len() > 255 {
-            return Err(ErrorReply::new(
-                StatusCode::BAD_REQUEST,
+            return Err(Error::new(
+                Kind::Invalid,
                 "invalid_request",
                 "Idempotency-Key must be 1 to 255 characters",
             ));

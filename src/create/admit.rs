@@ -5,52 +5,38 @@
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use sandgate_router::ProviderKind;
-use serde_json::{json, Value};
 
 use super::{Coordinator, Job, StoredCandidate};
-use crate::error::ErrorReply;
+use crate::base::Layer;
+use crate::error::{Details, Error, Kind};
+use crate::policy::input::{admission_input, AdmissionFacts};
 use crate::providers::ErrorClass;
 
 impl Coordinator {
-    pub(super) fn admission_input(&self, job: &Job, cand: &StoredCandidate, seq: i64) -> Value {
+    pub(super) fn admission_input(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        seq: i64,
+        dry_run: bool,
+    ) -> regorus::Value {
         let topo = &self.deps.topology;
         let pool = topo.pool(&cand.pool);
-        let provider = topo.provider(&cand.provider);
-        let account = pool.and_then(|p| topo.accounts().get(p.account));
-        json!({
-            "phase": "admit",
-            "principal": {
-                "principal": job.principal.principal,
-                "workspace": job.principal.workspace,
-                "roles": job.principal.roles,
-            },
-            "workspace": job.row.workspace,
-            "sandbox": {"id": job.row.id, "workspace": job.row.workspace, "labels": job.request.labels},
-            "request": job.body.policy_view(),
-            "pool": pool.map(|p| json!({
-                "name": p.name.as_ref(),
-                "provider": cand.provider,
-                "provider_kind": provider.map(|p| p.kind.as_str()),
-                "account": cand.account,
-                "geography": p.geography,
-                "region": p.region.as_deref(),
-                "zone": p.zone.as_deref(),
-                "labels": p.labels,
-                "vpc": p.vpc,
-                "price": p.price,
-                "standby": p.standby,
-                "egress": p.capabilities.egress.as_str(),
-            })),
-            "account": account.map(|a| json!({
-                "name": a.name.as_ref(),
-                "provider": cand.provider,
-                "billing": a.billing,
-                "labels": a.labels,
-                "credential_bound": a.credential.is_some(),
-            })),
-            "attempt": {"number": seq},
+        let p = &job.principal;
+        admission_input(&AdmissionFacts {
+            caller: (&p.principal, &p.workspace, &p.roles),
+            workspace: &job.row.workspace,
+            sandbox_id: &job.row.id,
+            labels: &job.request.labels,
+            request: job.body.policy_view(),
+            provider: &cand.provider,
+            account: &cand.account,
+            pool,
+            provider_kind: topo.provider(&cand.provider).map(|p| p.kind.as_str()),
+            account_config: pool.and_then(|p| topo.accounts().get(p.account)),
+            attempt: seq,
+            dry_run,
         })
     }
 
@@ -70,18 +56,16 @@ impl Coordinator {
         seq: i64,
         dry_run: bool,
     ) -> Admission {
-        let mut input = self.admission_input(job, cand, seq);
-        input["dry_run"] = json!(dry_run);
-        let input = regorus::Value::from(input);
-        let creation = self.deps.policy.evaluate("creation", input.clone());
+        let input = self.admission_input(job, cand, seq, dry_run);
+        let creation = self.deps.policy.decide(Layer::Creation, input.clone());
         if !creation.allowed {
             return Admission::Refused {
                 class: ErrorClass::Authority,
-                layer: "creation",
+                layer: Layer::Creation,
                 reasons: creation.reasons,
             };
         }
-        let provider_layer = self.deps.policy.evaluate("provider", input);
+        let provider_layer = self.deps.policy.decide(Layer::Provider, input);
         let topo = &self.deps.topology;
         let account = topo
             .pool(&cand.pool)
@@ -95,7 +79,7 @@ impl Coordinator {
                 } else {
                     ErrorClass::Policy
                 },
-                layer: "provider",
+                layer: Layer::Provider,
                 reasons: provider_layer.reasons,
             };
         }
@@ -130,7 +114,7 @@ pub(super) enum Admission {
     /// A policy layer refused: the create ends.
     Refused {
         class: ErrorClass,
-        layer: &'static str,
+        layer: Layer,
         reasons: Vec<String>,
     },
 }
@@ -138,22 +122,23 @@ pub(super) enum Admission {
 /// The create's error when a policy layer refused it on `pool`.
 pub(super) fn refusal_reply(
     class: ErrorClass,
-    layer: &str,
+    layer: Layer,
     pool: &str,
     reasons: Vec<String>,
-) -> ErrorReply {
+) -> Error {
     let code = match class {
         ErrorClass::Billing => "billing_refused",
         ErrorClass::Authority => "forbidden",
         _ => "policy_denied",
     };
-    ErrorReply::new(
-        StatusCode::FORBIDDEN,
-        code,
-        format!(
-            "creation on pool {pool} was refused: {}",
-            reasons.join("; ")
-        ),
-    )
-    .with_details(json!({"layer": layer, "pool": pool, "reasons": reasons}))
+    let message = format!(
+        "creation on pool {pool} was refused: {}",
+        reasons.join("; ")
+    );
+    Error::new(Kind::Refused, code, message).with_details(Details {
+        layer: Some(layer),
+        pool: Some(pool.to_string()),
+        reasons: Some(reasons),
+        ..Details::default()
+    })
 }

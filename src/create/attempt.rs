@@ -6,12 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 use super::{circuit, refusal_reply, Admission, Coordinator, Job, Step, StoredCandidate};
 use crate::base::clock::now_ms;
-use crate::error::ErrorReply;
+use crate::error::{Details, Error, Kind};
 use crate::providers::{CreateSpec, ErrorClass, Instance, Outcome, Provider, ProviderError, Tags};
 use crate::store::sandboxes::{AbandonedRow, AttemptEnd, AttemptRow};
 use crate::store::StoreError;
@@ -470,22 +469,20 @@ impl Coordinator {
             Outcome::Terminal => {
                 self.end_attempt(job, attempt, "ended", e.class, &e.message, None)
                     .await?;
-                let (status, code) = match e.class {
-                    ErrorClass::Billing => (StatusCode::FORBIDDEN, "billing_refused"),
-                    ErrorClass::InvalidRequest => {
-                        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request")
-                    }
-                    ErrorClass::Authority => (StatusCode::FORBIDDEN, "forbidden"),
-                    _ => (StatusCode::FORBIDDEN, "policy_denied"),
+                let (kind, code) = match e.class {
+                    ErrorClass::Billing => (Kind::Refused, "billing_refused"),
+                    ErrorClass::InvalidRequest => (Kind::Unprocessable, "invalid_request"),
+                    ErrorClass::Authority => (Kind::Refused, "forbidden"),
+                    _ => (Kind::Refused, "policy_denied"),
                 };
-                Ok(Step::End(
-                    ErrorReply::new(
-                        status,
-                        code,
-                        format!("pool {} refused the create: {}", cand.pool, e.message),
-                    )
-                    .with_details(json!({"pool": cand.pool, "error_class": e.class.as_str()})),
-                ))
+                let message = format!("pool {} refused the create: {}", cand.pool, e.message);
+                Ok(Step::End(Error::new(kind, code, message).with_details(
+                    Details {
+                        pool: Some(cand.pool.clone()),
+                        error_class: Some(e.class.as_str().into()),
+                        ..Details::default()
+                    },
+                )))
             }
             Outcome::Unknown => {
                 self.enter_reconciling(job, attempt).await?;

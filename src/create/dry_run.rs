@@ -40,7 +40,7 @@ use super::record::PlacementRecord;
 use super::{
     refusal_reply, Admission, Coordinator, CreateBody, Job, StoredCandidate, StoredPrincipal,
 };
-use crate::base::Principal;
+use crate::base::{Layer, Principal};
 use crate::store::sandboxes::SandboxRow;
 
 impl Coordinator {
@@ -82,8 +82,9 @@ impl Coordinator {
                 // behind an attempt ends it only if that attempt fails (reached on failover).
                 "refused" if reached == "first" => {
                     let class = class.unwrap_or(crate::providers::ErrorClass::Policy);
-                    let layer = layer.unwrap_or("creation");
-                    error = refusal_reply(class, layer, &cand.pool, reasons).body();
+                    let layer = layer.unwrap_or(Layer::Creation);
+                    error =
+                        json!({"error": refusal_reply(class, layer, &cand.pool, reasons).record()});
                     reached = "never";
                 }
                 _ => {}

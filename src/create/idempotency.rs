@@ -4,11 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
-use serde_json::{json, Value};
-
-use super::{internal, Coordinator};
-use crate::error::ErrorReply;
+use super::{internal, Answer, Coordinator};
+use crate::error::{Details, Error, Kind};
 use crate::store::sandboxes::{IdempotencyClaim, IN_FLIGHT_STATES};
 
 impl Coordinator {
@@ -19,7 +16,7 @@ impl Coordinator {
         workspace: &str,
         key: &str,
         now: i64,
-    ) -> Result<Option<(String, String)>, ErrorReply> {
+    ) -> Result<Option<(String, String)>, Error> {
         self.deps
             .store
             .find_idempotency_key(workspace, key, now)
@@ -49,14 +46,17 @@ impl Coordinator {
         held_hash: &str,
         digest: &str,
         sandbox_id: &str,
-    ) -> Result<(StatusCode, Value), ErrorReply> {
+    ) -> Result<Answer, Error> {
         if held_hash != digest {
-            return Err(ErrorReply::new(
-                StatusCode::CONFLICT,
+            return Err(Error::new(
+                Kind::Conflict,
                 "idempotency_conflict",
                 "this Idempotency-Key was used with a different request body",
             )
-            .with_details(json!({"sandbox_id": sandbox_id})));
+            .with_details(Details {
+                sandbox_id: Some(sandbox_id.to_string()),
+                ..Details::default()
+            }));
         }
         // Give the original request's short wait a chance to finish, then answer as it did.
         // Local waits run on the monotonic clock: a wall-clock step must not cut or stretch them.

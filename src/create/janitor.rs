@@ -5,11 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
-
 use super::{Coordinator, Placement};
 use crate::base::clock::now_ms;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 use crate::store::sandboxes::{AbandonedRow, SandboxRow};
 use crate::store::StoreError;
 
@@ -180,12 +178,12 @@ impl Coordinator {
         let mut restored = 0;
         for row in &rows {
             if reconcile_instances && self.instance_lost(row).await {
-                let error = ErrorReply::new(
-                    StatusCode::GONE,
+                let error = Error::new(
+                    Kind::Gone,
                     "instance_lost",
                     "the sandbox's instance no longer exists at its provider (local sandboxes do not survive a gateway restart)",
                 );
-                let error_json = serde_json::to_string(&error.body()).unwrap_or_default();
+                let error_json = error.record().to_stored();
                 self.deps
                     .store
                     .transition_sandbox(

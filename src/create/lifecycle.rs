@@ -6,13 +6,13 @@ use serde_json::Value;
 
 use super::{internal, Coordinator, Located, Placement};
 use crate::base::clock::now_ms;
-use crate::error::ErrorReply;
+use crate::error::Error;
 use crate::store::sandboxes::AbandonedRow;
 
 impl Coordinator {
     /// Sets a sandbox's lifetime to end `ttl_secs` from now (E2B's `set_timeout`): longer
     /// or shorter than before. `None` when there is no such sandbox that is not deleted.
-    pub async fn set_timeout(&self, id: &str, ttl_secs: u64) -> Result<Option<Value>, ErrorReply> {
+    pub async fn set_timeout(&self, id: &str, ttl_secs: u64) -> Result<Option<Value>, Error> {
         let now = now_ms();
         let set = self
             .deps
@@ -36,7 +36,7 @@ impl Coordinator {
 
     /// Revokes the egress identity at once, marks the sandbox deleted, and deletes its
     /// instance (left to the janitor when the provider does not answer).
-    pub async fn delete(&self, id: &str) -> Result<Option<Value>, ErrorReply> {
+    pub async fn delete(&self, id: &str) -> Result<Option<Value>, Error> {
         let Some(row) = self.deps.store.get_sandbox(id).await.map_err(internal)? else {
             return Ok(None);
         };
@@ -115,7 +115,7 @@ impl Coordinator {
     }
 
     /// A sandbox with where it runs and the adapter that runs it (for operations on it).
-    pub async fn locate(&self, id: &str) -> Result<Option<Located>, ErrorReply> {
+    pub async fn locate(&self, id: &str) -> Result<Option<Located>, Error> {
         let Some(row) = self.deps.store.get_sandbox(id).await.map_err(internal)? else {
             return Ok(None);
         };
@@ -135,7 +135,7 @@ impl Coordinator {
 
     /// Records a lifecycle state change made by the API (`from` guards against races
     /// with delete).
-    pub async fn set_state(&self, id: &str, from: &[&str], to: &str) -> Result<bool, ErrorReply> {
+    pub async fn set_state(&self, id: &str, from: &[&str], to: &str) -> Result<bool, Error> {
         self.deps
             .store
             .transition_sandbox(id, from, to, None, None, now_ms())

@@ -24,12 +24,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
-use serde_json::json;
-
 use super::{Coordinator, Placement};
 use crate::base::clock::now_ms;
-use crate::error::ErrorReply;
+use crate::error::{Details, Error, Kind};
 use crate::providers::{InstanceState, Provider};
 use crate::store::sandboxes::SandboxRow;
 
@@ -159,20 +156,21 @@ impl Coordinator {
 
     /// The sandbox becomes `failed` with the reason, and its egress identity is revoked.
     async fn mark_lost(&self, row: &SandboxRow, placement: &Placement, said: &str) {
-        let error = ErrorReply::new(
-            StatusCode::GONE,
+        let error = Error::new(
+            Kind::Gone,
             "instance_lost",
             format!(
                 "the provider ended the sandbox's instance ({said}); sandgate did not delete it"
             ),
         )
-        .with_details(json!({
-            "provider": placement.provider,
-            "pool": placement.pool,
-            "instance_id": placement.instance_id,
-            "provider_state": said,
-        }));
-        let error_json = serde_json::to_string(&error.body()).unwrap_or_default();
+        .with_details(Details {
+            provider: Some(placement.provider.clone()),
+            pool: Some(placement.pool.clone()),
+            instance_id: Some(placement.instance_id.clone()),
+            provider_state: Some(said.to_string()),
+            ..Details::default()
+        });
+        let error_json = error.record().to_stored();
         let changed = self
             .deps
             .store

@@ -51,15 +51,15 @@ mod view;
 mod walk;
 
 pub use remote::{Endpoint, RemoteGateway};
+pub use respond::Answer;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use sandgate_router::{NoEligible, Request, RouteContext, Topology};
 
@@ -67,7 +67,7 @@ use crate::base::clock::now_ms;
 use crate::base::ids::random_hex;
 use crate::config::CreateConfig;
 use crate::credentials::CredentialStore;
-use crate::error::ErrorReply;
+use crate::error::{Attempts, Details, Error, Kind};
 use crate::identity::IdentityRegistry;
 use crate::policy::PolicyEngine;
 use crate::providers::ProviderRegistry;
@@ -170,14 +170,14 @@ struct Job {
 enum Step {
     Placed,
     Advance,
-    End(ErrorReply),
+    End(Error),
 }
 
 /// A failure the client cannot act on: logged here, shown as a generic 500. A store that
 /// cannot be reached is not such a failure: it answers 503 `store_unavailable` (see
 /// [`store_unavailable`]), which is why the error's type is looked at here, in the one place
 /// every store error of the API passes through.
-pub fn internal<E: std::fmt::Display + 'static>(e: E) -> ErrorReply {
+pub fn internal<E: std::fmt::Display + 'static>(e: E) -> Error {
     let any: &dyn std::any::Any = &e;
     let unavailable = match any.downcast_ref::<StoreError>() {
         Some(store) => store.is_unavailable(),
@@ -188,25 +188,10 @@ pub fn internal<E: std::fmt::Display + 'static>(e: E) -> ErrorReply {
     if unavailable {
         tracing::warn!(error = %e, "the store is unreachable; answering store_unavailable");
         metrics::counter!("sandgate_store_unavailable_total").increment(1);
-        return store_unavailable();
+        return Error::store_unavailable();
     }
     tracing::error!(error = %e, "sandbox operation failed");
-    ErrorReply::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        "the sandbox operation could not be completed",
-    )
-}
-
-/// 503 `store_unavailable`: the database did not answer within `[store] acquire_timeout_ms`.
-/// Retryable: the call that failed committed nothing, so the same request (and the same
-/// `Idempotency-Key`) is safe to send again; `Retry-After: 1` goes with it.
-pub fn store_unavailable() -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        crate::error::STORE_UNAVAILABLE,
-        "the store is unreachable; retry (the same Idempotency-Key is safe to send again)",
-    )
+    Error::internal()
 }
 
 impl Coordinator {
@@ -288,12 +273,10 @@ impl Coordinator {
     }
 }
 
-/// `no_eligible_provider` in the shared error shape, `details.attempts` from the router.
-pub fn no_eligible_reply(no: NoEligible) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "no_eligible_provider",
-        no.message.clone(),
-    )
-    .with_details(serde_json::to_value(&no.details).unwrap_or_else(|_| json!({})))
+/// `no_eligible_provider`, with the router's ruled-out pools as `details.attempts`.
+pub fn no_eligible_reply(no: NoEligible) -> Error {
+    Error::new(Kind::Unprocessable, "no_eligible_provider", no.message).with_details(Details {
+        attempts: Some(Attempts::Ruled(no.details.attempts)),
+        ..Details::default()
+    })
 }

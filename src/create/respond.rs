@@ -1,24 +1,46 @@
-//! The response to the caller: the created sandbox (201), one still being placed (202), or
-//! the failure the create ended in, in the shared error shape.
+//! The response to the caller: the created sandbox, one still being placed, or the failure
+//! the create ended in, as a domain error.
 
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
 use serde_json::{json, Value};
 
+use super::view::attempt_record;
 use super::{internal, Coordinator};
-use crate::error::ErrorReply;
+use crate::error::{AttemptRecord, Attempts, Error, Kind, Record};
+
+/// What a create answers with, besides a failure: the front end picks its status (`/v1`
+/// answers 201, 202 and 200).
+#[derive(Debug)]
+pub enum Answer {
+    /// The sandbox is running.
+    Placed(Value),
+    /// Still being placed (or reconciled): the same view, with its state.
+    Placing(Value),
+    /// A dry run's plan; nothing was created.
+    Plan(Value),
+}
+
+impl Answer {
+    pub fn body(&self) -> &Value {
+        match self {
+            Answer::Placed(v) | Answer::Placing(v) | Answer::Plan(v) => v,
+        }
+    }
+
+    pub fn into_body(self) -> Value {
+        match self {
+            Answer::Placed(v) | Answer::Placing(v) | Answer::Plan(v) => v,
+        }
+    }
+}
 
 impl Coordinator {
     /// Waits (up to `within`) for a create still being placed to settle, then answers as a
     /// create would: the sandbox, or the refusal it ended in. For front ends whose protocol
-    /// has no "accepted, still placing" answer (the E2B facade). Its status is 202 when the
-    /// wait ran out first.
-    pub async fn settle(
-        &self,
-        id: &str,
-        within: Duration,
-    ) -> Result<(StatusCode, Value), ErrorReply> {
+    /// has no "accepted, still placing" answer (the E2B facade). It is
+    /// [`Answer::Placing`] when the wait ran out first.
+    pub async fn settle(&self, id: &str, within: Duration) -> Result<Answer, Error> {
         let deadline = Instant::now() + within;
         loop {
             let row = self.deps.store.get_sandbox(id).await.map_err(internal)?;
@@ -29,55 +51,35 @@ impl Coordinator {
                 return self.respond(id, None).await;
             }
             if Instant::now() >= deadline {
-                let (_, view) = self.respond(id, None).await?;
-                return Ok((StatusCode::ACCEPTED, view));
+                let view = self.respond(id, None).await?.into_body();
+                return Ok(Answer::Placing(view));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    /// The create response: 201 when running, 202 while working, the failure otherwise.
+    /// The create response: placed when running, placing while working, the failure
+    /// otherwise.
     /// `token` is the egress token, given only by the create that made the sandbox: the
     /// response then shows it (`egress.token`, and in `egress.proxy_url` and the proxy
     /// variables unless the sandbox's proxy is inside it) with `egress.token_already_shown:
     /// false`. Without it (a replay) the egress block is the one `GET` shows, the token's
     /// place marked `{token}`, with `token_already_shown: true`: a token shown twice is a
     /// token that can leak twice, from a retrying client's logs or a shared key.
-    pub(super) async fn respond(
-        &self,
-        id: &str,
-        token: Option<&str>,
-    ) -> Result<(StatusCode, Value), ErrorReply> {
+    pub(super) async fn respond(&self, id: &str, token: Option<&str>) -> Result<Answer, Error> {
+        let row = self.deps.store.get_sandbox(id).await.map_err(internal)?;
+        let row = row.ok_or_else(|| internal("sandbox vanished"))?;
+        if row.state == "failed" {
+            let record = row.error_json.as_deref().and_then(Record::from_stored);
+            let attempts = self.deps.store.list_attempts(id).await.map_err(internal)?;
+            let attempts = attempts.iter().map(attempt_record).collect();
+            return Err(failed_create(id, record.unwrap_or_default(), attempts));
+        }
         let view = self
             .view(id)
             .await?
             .ok_or_else(|| internal("sandbox vanished"))?;
         let state = view["state"].as_str().unwrap_or_default().to_string();
-        if state == "failed" {
-            let error = view["error"].clone();
-            let code = error["error"]["code"].as_str().unwrap_or("creation_failed");
-            let status = match code {
-                "forbidden" | "policy_denied" | "billing_refused" => StatusCode::FORBIDDEN,
-                "invalid_request" => StatusCode::UNPROCESSABLE_ENTITY,
-                _ => StatusCode::SERVICE_UNAVAILABLE,
-            };
-            let mut reply = ErrorReply::new(
-                status,
-                static_code(code),
-                error["error"]["message"]
-                    .as_str()
-                    .unwrap_or("sandbox creation failed")
-                    .to_string(),
-            );
-            let mut details = error["error"]["details"].clone();
-            if !details.is_object() {
-                details = json!({});
-            }
-            details["sandbox_id"] = json!(id);
-            details["attempts"] = view["attempts"].clone();
-            reply = reply.with_details(details);
-            return Err(reply);
-        }
         let mut body = view;
         body["egress"]["token_already_shown"] = json!(token.is_none());
         if let Some(token) = token {
@@ -95,13 +97,34 @@ impl Coordinator {
                 }
             }
         }
-        let status = if state == "running" {
-            StatusCode::CREATED
+        Ok(if state == "running" {
+            Answer::Placed(body)
         } else {
-            StatusCode::ACCEPTED
-        };
-        Ok((status, body))
+            Answer::Placing(body)
+        })
     }
+}
+
+/// The error a create that ended in `failed` answers with: its stored code (one of the
+/// codes a create ends with; any other answers `creation_failed`), message and details, with
+/// the sandbox's id and its attempts as the sandbox shows them. A refusal is 403, a
+/// provider's rejection of the request itself 422, anything else 503.
+fn failed_create(id: &str, record: Record, attempts: Vec<AttemptRecord>) -> Error {
+    let code = static_code(&record.code);
+    let kind = match code {
+        "forbidden" | "policy_denied" | "billing_refused" => Kind::Refused,
+        "invalid_request" => Kind::Unprocessable,
+        _ => Kind::Unavailable,
+    };
+    let message = if record.message.is_empty() {
+        "sandbox creation failed".to_string()
+    } else {
+        record.message
+    };
+    let mut details = record.details;
+    details.sandbox_id = Some(id.to_string());
+    details.attempts = Some(Attempts::Recorded(attempts));
+    Error::new(kind, code, message).with_details(details)
 }
 
 fn static_code(code: &str) -> &'static str {

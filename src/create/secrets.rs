@@ -7,14 +7,14 @@ use base64::Engine as _;
 
 use super::{internal, Coordinator, CreateBody};
 use crate::credentials::Secret;
-use crate::error::ErrorReply;
+use crate::error::Error;
 use crate::identity::Identity;
 use crate::store::sandboxes::SandboxRow;
 
 impl Coordinator {
     /// The body as stored: `env` sealed into `env_sealed` (its values may be secrets; the
     /// rest of the body is not).
-    pub(super) fn stored_body(&self, body: &CreateBody, id: &str) -> Result<String, ErrorReply> {
+    pub(super) fn stored_body(&self, body: &CreateBody, id: &str) -> Result<String, Error> {
         let mut stored = body.clone();
         if !stored.env.is_empty() {
             let plain =

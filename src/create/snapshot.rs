@@ -2,11 +2,8 @@
 //! it was taken) or a filesystem export (wherever files are written), and the export written
 //! into the new instance once it runs.
 
-use axum::http::StatusCode;
-use serde_json::{json, Value};
-
 use super::{internal, record, Coordinator, Job, StoredCandidate};
-use crate::error::ErrorReply;
+use crate::error::{Attempts, Details, Error, Kind};
 use crate::store::snapshots::SnapshotRow;
 
 impl Coordinator {
@@ -28,19 +25,32 @@ impl Coordinator {
         &self,
         snapshot: &SnapshotRow,
         route: &sandgate_router::Route,
-    ) -> ErrorReply {
+    ) -> Error {
         let why = record::unrestorable_reason(snapshot);
-        let attempts: Vec<Value> = route
+        let attempts = route
             .candidates
             .iter()
-            .map(|c| json!({"provider": c.provider, "pool": c.pool, "unmet_requirements": [why]}))
+            .map(|c| sandgate_router::Attempt {
+                provider: c.provider.to_string(),
+                pool: c.pool.to_string(),
+                unmet_requirements: vec![why.to_string()],
+            })
             .collect();
-        ErrorReply::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
+        Error::new(
+            Kind::Unprocessable,
             "no_eligible_pool",
-            format!("no pool this request may use can restore snapshot {}", snapshot.id),
+            format!(
+                "no pool this request may use can restore snapshot {}",
+                snapshot.id
+            ),
         )
-        .with_details(json!({"field": "snapshot", "pool": snapshot.pool, "kind": snapshot.kind, "attempts": attempts}))
+        .with_details(Details {
+            field: Some("snapshot".into()),
+            pool: Some(snapshot.pool.clone()),
+            kind: Some(snapshot.kind.clone()),
+            attempts: Some(Attempts::Ruled(attempts)),
+            ..Details::default()
+        })
     }
 
     /// A snapshot of this workspace (the same answer for "absent" and "another
@@ -49,7 +59,7 @@ impl Coordinator {
         &self,
         snapshot: &str,
         workspace: &str,
-    ) -> Result<SnapshotRow, ErrorReply> {
+    ) -> Result<SnapshotRow, Error> {
         match self
             .deps
             .store
@@ -58,12 +68,12 @@ impl Coordinator {
             .map_err(internal)?
         {
             Some(row) if row.workspace == workspace => Ok(row),
-            _ => Err(ErrorReply::new(
-                StatusCode::BAD_REQUEST,
+            _ => Err(Error::new(
+                Kind::Invalid,
                 "invalid_request",
                 format!("`snapshot`: no snapshot {snapshot:?} in workspace {workspace:?}"),
             )
-            .with_details(json!({"field": "snapshot"}))),
+            .field("snapshot")),
         }
     }
 

@@ -4,12 +4,12 @@
 use serde_json::{json, Value};
 
 use super::{internal, record, Coordinator};
-use crate::error::ErrorReply;
+use crate::error::{AttemptRecord, Error};
 use crate::store::sandboxes::{AttemptRow, ListFilter, SandboxRow};
 
 impl Coordinator {
     /// The sandbox as `GET` shows it: never the token.
-    pub async fn view(&self, id: &str) -> Result<Option<Value>, ErrorReply> {
+    pub async fn view(&self, id: &str) -> Result<Option<Value>, Error> {
         let Some(row) = self.deps.store.get_sandbox(id).await.map_err(internal)? else {
             return Ok(None);
         };
@@ -43,22 +43,7 @@ impl Coordinator {
             .as_deref()
             .and_then(|p| serde_json::from_str(p).ok())
             .unwrap_or(Value::Null);
-        let attempts: Vec<Value> = attempts
-            .iter()
-            .map(|a| {
-                json!({
-                    "id": a.id, "seq": a.seq, "pool": a.pool, "provider": a.provider,
-                    "account": a.account, "state": a.state, "outcome": a.outcome,
-                    "error_class": a.error_class, "message": a.message,
-                    "instance_id": a.instance_id, "started_ms": a.started_ms,
-                    "finished_ms": a.finished_ms,
-                    "duration_ms": a.finished_ms.map(|f| f - a.started_ms),
-                    "retries": a.retries_json.as_deref()
-                        .and_then(|r| serde_json::from_str::<Value>(r).ok())
-                        .unwrap_or_else(|| json!([])),
-                })
-            })
-            .collect();
+        let attempts: Vec<AttemptRecord> = attempts.iter().map(attempt_record).collect();
         let endpoint = self.endpoint(placement["pool"].as_str(), &row.id);
         let (proxy_base, proxy, ca) = (
             endpoint.base.clone(),
@@ -97,7 +82,7 @@ impl Coordinator {
         })
     }
 
-    pub async fn list(&self, filter: &ListFilter) -> Result<Vec<Value>, ErrorReply> {
+    pub async fn list(&self, filter: &ListFilter) -> Result<Vec<Value>, Error> {
         let rows = self
             .deps
             .store
@@ -115,5 +100,30 @@ impl Coordinator {
             out.push(self.render(&row, &attempts));
         }
         Ok(out)
+    }
+}
+
+/// One attempt as the API shows it (the view's `attempts`, a failed create's
+/// `details.attempts`).
+pub(super) fn attempt_record(a: &AttemptRow) -> AttemptRecord {
+    AttemptRecord {
+        id: a.id.clone(),
+        seq: a.seq,
+        pool: a.pool.clone(),
+        provider: a.provider.clone(),
+        account: a.account.clone(),
+        state: a.state.clone(),
+        outcome: a.outcome.clone(),
+        error_class: a.error_class.clone(),
+        message: a.message.clone(),
+        instance_id: a.instance_id.clone(),
+        started_ms: a.started_ms,
+        finished_ms: a.finished_ms,
+        duration_ms: a.finished_ms.map(|f| f - a.started_ms),
+        retries: a
+            .retries_json
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok())
+            .unwrap_or_default(),
     }
 }

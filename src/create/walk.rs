@@ -4,12 +4,9 @@
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
-use serde_json::{json, Value};
-
 use super::{Coordinator, CreateBody, Job, Step, StoredCandidate, StoredPrincipal};
 use crate::base::clock::now_ms;
-use crate::error::ErrorReply;
+use crate::error::{AttemptSummary, Attempts, Details, Error, Kind};
 use crate::store::sandboxes::{AttemptRow, Fence, IN_FLIGHT_STATES};
 use crate::store::StoreError;
 
@@ -175,27 +172,29 @@ impl Coordinator {
     /// one summary line per attempt (read again: the walk's last attempts are in the store).
     async fn fail_exhausted(&self, job: &Job) -> Result<(), StoreError> {
         let attempts = self.deps.store.list_attempts(&job.row.id).await?;
-        let summary: Vec<Value> = attempts
+        let summary = attempts
             .iter()
-            .map(|a| json!({"pool": a.pool, "provider": a.provider, "account": a.account, "error_class": a.error_class}))
+            .map(|a| AttemptSummary {
+                pool: a.pool.clone(),
+                provider: a.provider.clone(),
+                account: a.account.clone(),
+                error_class: a.error_class.clone(),
+            })
             .collect();
-        self.fail(
-            job,
-            ErrorReply::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "creation_failed",
-                format!(
-                    "every candidate pool was tried and none could place the sandbox ({} attempt(s))",
-                    attempts.len()
-                ),
-            )
-            .with_details(json!({"attempts": summary})),
-        )
-        .await
+        let message = format!(
+            "every candidate pool was tried and none could place the sandbox ({} attempt(s))",
+            attempts.len()
+        );
+        let error =
+            Error::new(Kind::Unavailable, "creation_failed", message).with_details(Details {
+                attempts: Some(Attempts::Summary(summary)),
+                ..Details::default()
+            });
+        self.fail(job, error).await
     }
 
-    pub(super) async fn fail(&self, job: &Job, error: ErrorReply) -> Result<(), StoreError> {
-        let error_json = serde_json::to_string(&error.body()).unwrap_or_default();
+    pub(super) async fn fail(&self, job: &Job, error: Error) -> Result<(), StoreError> {
+        let error_json = error.record().to_stored();
         self.deps
             .store
             .transition_fenced(

@@ -15,19 +15,18 @@
 //! - The secret never enters a header value or URL the sandbox chose: substitution inside
 //!   sandbox-written text does not exist.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue};
 use regorus::Value;
-use serde_json::json;
 
 use super::scan::{self, Token};
 use super::scrub::{Scrubber, QUERY_VALUE};
 use super::{aws, Apply, Credential, CredentialStore, DestinationRule, Material};
-use crate::error::ErrorReply;
+use crate::error::{Blame, Details, Error, Kind, Retry};
 use crate::identity::Identity;
+use crate::policy::input::{credential_input, CredentialFacts};
 use crate::policy::PolicyEngine;
 
 /// The request facts credential decisions need.
@@ -92,7 +91,7 @@ impl AwsSigning {
         uri: &str,
         host_header: &str,
         body_sha256: Option<&str>,
-    ) -> Result<Option<super::aws_chunked::ChunkResigner>, ErrorReply> {
+    ) -> Result<Option<super::aws_chunked::ChunkResigner>, Error> {
         let (
             Apply::AwsSigv4 {
                 service, region, ..
@@ -129,20 +128,22 @@ impl AwsSigning {
     }
 }
 
-fn aws_error(credential: &Credential, e: &aws::AwsError) -> ErrorReply {
-    let status = match e {
-        aws::AwsError::StreamingSignedUnsupported => StatusCode::NOT_IMPLEMENTED,
+fn aws_error(credential: &Credential, e: &aws::AwsError) -> Error {
+    let (kind, blame) = match e {
+        aws::AwsError::StreamingSignedUnsupported => (Kind::Unsupported, Blame::Sandgate),
         aws::AwsError::SigningFailed(_) | aws::AwsError::CredentialInvalid(_) => {
-            StatusCode::INTERNAL_SERVER_ERROR
+            (Kind::Internal, Blame::Sandgate)
         }
-        _ => StatusCode::BAD_REQUEST,
+        _ => (Kind::Invalid, Blame::Sandbox),
     };
-    ErrorReply::new(
-        status,
-        e.code(),
-        format!("credential {:?} (aws_sigv4): {e}", credential.meta.name),
-    )
-    .with_details(json!({"credential": credential.meta.name, "reasons": [e.to_string()]}))
+    let message = format!("credential {:?} (aws_sigv4): {e}", credential.meta.name);
+    Error::new(kind, e.code(), message)
+        .blame(blame)
+        .with_details(Details {
+            credential: Some(credential.meta.name.clone()),
+            reasons: Some(vec![e.to_string()]),
+            ..Details::default()
+        })
 }
 
 /// Where in a request a placeholder was found.
@@ -240,7 +241,7 @@ pub async fn apply(
     view: &RequestView<'_>,
     headers: &mut HeaderMap,
     path_and_query: &mut String,
-) -> Result<Applied, ErrorReply> {
+) -> Result<Applied, Error> {
     let found = find_placeholders(view.method, headers, path_and_query);
     if identity.bindings.is_empty() && found.is_empty() {
         return Ok(Applied::default());
@@ -301,7 +302,7 @@ async fn write(
     path_and_query: &mut String,
     view: &RequestView<'_>,
     applied: &mut Applied,
-) -> Result<(), ErrorReply> {
+) -> Result<(), Error> {
     match &credential.material {
         Material::Static => {
             write_slot(credential, headers, path_and_query).map_err(|()| slot_error(view))
@@ -347,10 +348,12 @@ fn unavailable(
     credential: &Credential,
     view: &RequestView<'_>,
     e: &super::tokens::TokenError,
-) -> ErrorReply {
-    let status = match e {
-        super::tokens::TokenError::Ended(_) => StatusCode::FORBIDDEN,
-        super::tokens::TokenError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+) -> Error {
+    // An ended grant needs someone to bind a new credential; an unavailable token endpoint
+    // may answer on the next request.
+    let (kind, retry) = match e {
+        super::tokens::TokenError::Ended(_) => (Kind::Forbidden, Retry::No),
+        super::tokens::TokenError::Unavailable(_) => (Kind::Unavailable, Retry::Yes),
     };
     // The endpoint's own words may quote what it was sent: scrub them.
     let reason = credential
@@ -360,8 +363,8 @@ fn unavailable(
             || e.to_string(),
             |scrubbed| String::from_utf8_lossy(&scrubbed).into_owned(),
         );
-    ErrorReply::new(
-        status,
+    Error::new(
+        kind,
         "credential_unavailable",
         format!(
             "credential {:?} ({}) for {}:{} is unavailable: {reason}",
@@ -371,10 +374,13 @@ fn unavailable(
             view.port
         ),
     )
-    .with_details(json!({
-        "host": view.host, "port": view.port, "credential": credential.meta.name,
-        "type": credential.meta.apply.kind(), "reasons": [reason],
-    }))
+    .blame(Blame::Upstream)
+    .retry(retry)
+    .with_details(Details {
+        credential: Some(credential.meta.name.clone()),
+        credential_type: Some(credential.meta.apply.kind().to_string()),
+        ..Details::destination(view.host, view.port).with_reasons(vec![reason])
+    })
 }
 
 type Candidate = (String, Arc<Credential>, Option<aws::SignedBy>);
@@ -384,7 +390,7 @@ type Candidate = (String, Arc<Credential>, Option<aws::SignedBy>);
 fn signed_by_placeholder(
     applicable: Vec<(String, Arc<Credential>)>,
     headers: &HeaderMap,
-) -> Result<Vec<Candidate>, ErrorReply> {
+) -> Result<Vec<Candidate>, Error> {
     let mut out = Vec::with_capacity(applicable.len());
     for (placeholder, credential) in applicable {
         if !matches!(credential.meta.apply, Apply::AwsSigv4 { .. }) {
@@ -470,7 +476,7 @@ fn authorize(
     path_and_query: &str,
     headers: &HeaderMap,
     signed_by: Option<&aws::SignedBy>,
-) -> Result<(), ErrorReply> {
+) -> Result<(), Error> {
     let aws = signed_by.and_then(|_| match &credential.meta.apply {
         Apply::AwsSigv4 {
             service,
@@ -490,13 +496,20 @@ fn authorize(
         ),
         _ => None,
     });
-    let input = credential_input(credential, view, path_and_query, aws);
-    let decision = policy.evaluate("credential", input);
+    let input = credential_input(CredentialFacts {
+        credential: &credential.policy_value,
+        sandbox: &view.sandbox,
+        destination: &view.destination,
+        method: view.method,
+        path: path_and_query,
+        aws,
+    });
+    let decision = policy.decide(crate::policy::Layer::Credential, input);
     if decision.allowed {
         return Ok(());
     }
-    Err(ErrorReply::new(
-        StatusCode::FORBIDDEN,
+    Err(Error::new(
+        Kind::Refused,
         "credential_denied",
         format!(
             "use of credential {:?} for {}:{} is denied by policy: {}",
@@ -506,10 +519,11 @@ fn authorize(
             decision.reasons.join("; ")
         ),
     )
-    .with_details(json!({
-        "host": view.host, "port": view.port,
-        "credential": credential.meta.name, "reasons": decision.reasons,
-    })))
+    .blame(Blame::Sandbox)
+    .with_details(Details {
+        credential: Some(credential.meta.name.clone()),
+        ..Details::destination(view.host, view.port).with_reasons(decision.reasons)
+    }))
 }
 
 /// Writes the secret into the credential's slot, replacing what the sandbox sent there.
@@ -647,7 +661,7 @@ fn refusing_rule(
     None
 }
 
-fn mismatch_error(view: &RequestView<'_>, place: &Place, rule: Option<String>) -> ErrorReply {
+fn mismatch_error(view: &RequestView<'_>, place: &Place, rule: Option<String>) -> Error {
     let reason = if let Some(rule) = rule {
         format!(
             "{rule}; its placeholder in {} was not replaced",
@@ -661,20 +675,21 @@ fn mismatch_error(view: &RequestView<'_>, place: &Place, rule: Option<String>) -
     } else {
         "the request carries a credential placeholder over plain HTTP; credentials are applied only over HTTPS".to_string()
     };
-    ErrorReply::new(
-        StatusCode::FORBIDDEN,
+    Error::new(
+        Kind::Forbidden,
         "credential_destination_mismatch",
         format!(
             "{reason} ({}:{}); it was not forwarded",
             view.host, view.port
         ),
     )
-    .with_details(json!({"host": view.host, "port": view.port, "reasons": [reason]}))
+    .blame(Blame::Sandbox)
+    .with_details(Details::destination(view.host, view.port).with_reasons(vec![reason]))
 }
 
-fn slot_error(view: &RequestView<'_>) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
+fn slot_error(view: &RequestView<'_>) -> Error {
+    Error::new(
+        Kind::Internal,
         "credential_unusable",
         format!(
             "a credential for {}:{} cannot be written into its slot (its secret is not a valid header value)",
@@ -697,26 +712,6 @@ fn set_query_param(path_and_query: &str, param: &str, value: &str) -> String {
         percent_encoding::utf8_percent_encode(value, QUERY_VALUE)
     ));
     format!("{path}?{}", parts.join("&"))
-}
-
-fn credential_input(
-    credential: &Credential,
-    view: &RequestView<'_>,
-    path_and_query: &str,
-    aws: Option<Value>,
-) -> Value {
-    let mut request = BTreeMap::new();
-    request.insert(Value::from("method"), Value::from(view.method));
-    request.insert(Value::from("path"), Value::from(path_and_query));
-    if let Some(aws) = aws {
-        request.insert(Value::from("aws"), aws);
-    }
-    let mut input = BTreeMap::new();
-    input.insert(Value::from("credential"), credential.policy_value.clone());
-    input.insert(Value::from("sandbox"), view.sandbox.clone());
-    input.insert(Value::from("destination"), view.destination.clone());
-    input.insert(Value::from("request"), Value::from(request));
-    Value::from(input)
 }
 
 /// Whether request trailers carry a placeholder (trailers are never a declared slot).

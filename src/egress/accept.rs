@@ -18,7 +18,7 @@ use super::body::{reply, ProxyBody};
 use super::connect;
 use super::limits::{ConnectionSlot, Hold};
 use super::state::EgressState;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 /// Accepts proxy clients until the task is aborted; each request names its sandbox with
 /// `Proxy-Authorization`.
@@ -126,8 +126,8 @@ pub(crate) async fn unpanicked(
         Err(_) => {
             metrics::counter!("sandgate_proxy_panics_total").increment(1);
             tracing::error!("a proxy request handler panicked; answered 500");
-            reply(&ErrorReply::new(
-                http::StatusCode::INTERNAL_SERVER_ERROR,
+            reply(&Error::new(
+                Kind::Internal,
                 "internal",
                 "sandgate failed while handling this request",
             ))

@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderValue, Method, Request, Response};
 use hyper::body::Incoming;
 use tracing::Instrument;
 
@@ -27,7 +27,7 @@ use super::state::{next_request_id, EgressState};
 use super::target::{split_authority, Target};
 use super::{forward, tunnel};
 use crate::credentials::scan;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 use crate::identity::Identity;
 use crate::net::ResolveError;
 use crate::policy::input::{destination_value, egress_input, Destination};
@@ -79,8 +79,8 @@ fn unidentified(
     let port = req.uri().port_u16().unwrap_or(0);
     record_unidentified(state, host, port, req.method().as_str(), started);
     tracing::debug!(%peer, "proxy request without valid credentials");
-    let mut response = reply(&ErrorReply::new(
-        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+    let mut response = reply(&Error::new(
+        Kind::Unauthenticated,
         "proxy_auth_required",
         "sandgate needs the sandbox's proxy credentials: use HTTP_PROXY=http://<sandbox-id>:<token>@host:port",
     ));
@@ -92,11 +92,7 @@ fn unidentified(
 }
 
 fn bad_request(message: &'static str) -> Response<ProxyBody> {
-    reply(&ErrorReply::new(
-        StatusCode::BAD_REQUEST,
-        "bad_request",
-        message,
-    ))
+    reply(&Error::new(Kind::Invalid, "bad_request", message))
 }
 
 async fn dispatch(
@@ -248,7 +244,7 @@ fn evaluate_connect(state: &EgressState, target: &Target, ips: &[IpAddr]) -> Dec
         }),
         None,
     );
-    state.policy.evaluate("egress", input)
+    state.policy.decide(crate::policy::Layer::Egress, input)
 }
 
 /// A destination that does not resolve, or resolves to an address the guard refuses.
@@ -268,14 +264,14 @@ fn refuse_resolve(
     reply(&error)
 }
 
-fn too_many_tunnels(target: &Target, max: usize) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::TOO_MANY_REQUESTS,
+fn too_many_tunnels(target: &Target, max: usize) -> Error {
+    Error::new(
+        Kind::RateLimited,
         "too_many_tunnels",
         format!(
             "sandbox {} already holds {max} open tunnels ([proxy] max_tunnels_per_identity); close one and retry",
             target.identity.id
         ),
     )
-    .with_details(serde_json::json!({"limit": max}))
+    .limit(max as u64)
 }

@@ -4,14 +4,11 @@
 use std::net::IpAddr;
 use std::time::Instant;
 
-use http::StatusCode;
-use serde_json::json;
-
 use super::state::EgressState;
 use super::target::Target;
 use crate::credentials::scan;
 use crate::decision_log::{now_rfc3339, redact_query, DecisionRecord};
-use crate::error::ErrorReply;
+use crate::error::{Blame, Details, Error, Kind};
 use crate::net::ResolveError;
 
 /// What is written to the decision log for one decision.
@@ -55,14 +52,14 @@ impl Outcome {
     }
 
     /// A refusal: nothing was forwarded.
-    pub fn deny(&mut self, error: &ErrorReply, reasons: Vec<String>) {
+    pub fn deny(&mut self, error: &Error, reasons: Vec<String>) {
         self.decision = "deny";
         self.code = Some(error.code);
         self.reasons = reasons;
     }
 
     /// Allowed, but the upstream could not be reached.
-    pub fn fail(&mut self, error: &ErrorReply) {
+    pub fn fail(&mut self, error: &Error) {
         self.code = Some(error.code);
         self.reasons = vec![error.message.clone()];
     }
@@ -164,9 +161,9 @@ pub(crate) fn record_unidentified(
     });
 }
 
-pub(crate) fn egress_denied(target: &Target, reasons: &[String]) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::FORBIDDEN,
+pub(crate) fn egress_denied(target: &Target, reasons: &[String]) -> Error {
+    Error::new(
+        Kind::Refused,
         "egress_denied",
         format!(
             "egress to {}:{} is denied by policy: {}",
@@ -175,13 +172,14 @@ pub(crate) fn egress_denied(target: &Target, reasons: &[String]) -> ErrorReply {
             reasons.join("; ")
         ),
     )
-    .with_details(json!({"host": target.host, "port": target.port, "reasons": reasons}))
+    .blame(Blame::Sandbox)
+    .with_details(Details::destination(&target.host, target.port).with_reasons(reasons.to_vec()))
 }
 
-pub(crate) fn resolve_error(target: &Target, e: &ResolveError) -> ErrorReply {
+pub(crate) fn resolve_error(target: &Target, e: &ResolveError) -> Error {
     match e {
-        ResolveError::Forbidden { ip, why, .. } => ErrorReply::new(
-            StatusCode::FORBIDDEN,
+        ResolveError::Forbidden { ip, why, .. } => Error::new(
+            Kind::Forbidden,
             "destination_forbidden",
             format!(
                 "{} resolves to {ip}, a {} address that sandboxes may not reach",
@@ -189,34 +187,40 @@ pub(crate) fn resolve_error(target: &Target, e: &ResolveError) -> ErrorReply {
                 why.as_str()
             ),
         )
-        .with_details(json!({
-            "host": target.host, "port": target.port, "ip": ip.to_string(),
-            "reasons": [format!("{} address", why.as_str())],
-        })),
-        ResolveError::Lookup { reason, .. } => ErrorReply::new(
-            StatusCode::BAD_GATEWAY,
+        .blame(Blame::Sandbox)
+        .with_details(Details {
+            ip: Some(ip.to_string()),
+            ..Details::destination(&target.host, target.port)
+                .with_reasons(vec![format!("{} address", why.as_str())])
+        }),
+        ResolveError::Lookup { reason, .. } => Error::new(
+            Kind::Upstream,
             "dns_failed",
             format!("cannot resolve {}: {reason}", target.host),
         )
-        .with_details(json!({"host": target.host, "port": target.port})),
+        .destination(&target.host, target.port),
     }
 }
 
-pub(crate) fn misdirected(target: &Target, named: &str) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::MISDIRECTED_REQUEST,
+pub(crate) fn misdirected(target: &Target, named: &str) -> Error {
+    Error::new(
+        Kind::Misdirected,
         "misdirected_request",
         format!(
             "request names {named:?} but the tunnel is to {}",
             target.authority
         ),
     )
-    .with_details(json!({"host": target.host, "port": target.port, "named": named}))
+    .blame(Blame::Sandbox)
+    .with_details(Details {
+        named: Some(named.to_string()),
+        ..Details::destination(&target.host, target.port)
+    })
 }
 
-pub(crate) fn sandbox_inactive(id: &str) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::FORBIDDEN,
+pub(crate) fn sandbox_inactive(id: &str) -> Error {
+    Error::new(
+        Kind::Forbidden,
         "sandbox_inactive",
         format!("sandbox {id} has no active egress identity (deleted, or not running yet)"),
     )
@@ -224,24 +228,17 @@ pub(crate) fn sandbox_inactive(id: &str) -> ErrorReply {
 
 /// A destination name that carries a placeholder: refused before it is resolved, since the
 /// lookup itself would carry the placeholder out (DNS is an exfiltration channel).
-pub(crate) fn placeholder_in_destination(port: u16) -> ErrorReply {
+pub(crate) fn placeholder_in_destination(port: u16) -> Error {
     let reason = "the destination host carries a credential placeholder";
-    ErrorReply::new(
-        StatusCode::FORBIDDEN,
+    Error::new(
+        Kind::Forbidden,
         "credential_destination_mismatch",
         format!("{reason}; it was not resolved or forwarded"),
     )
-    .with_details(json!({"port": port, "reasons": [reason]}))
-}
-
-/// The reasons an [`ErrorReply`] carries in `details.reasons`, else its message.
-pub(crate) fn reasons_of(error: &ErrorReply) -> Vec<String> {
-    error.details["reasons"]
-        .as_array()
-        .map(|r| {
-            r.iter()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_else(|| vec![error.message.clone()])
+    .blame(Blame::Sandbox)
+    .with_details(Details {
+        port: Some(port),
+        reasons: Some(vec![reason.to_string()]),
+        ..Details::default()
+    })
 }

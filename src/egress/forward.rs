@@ -32,15 +32,12 @@ use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpInfo;
-use serde_json::json;
 
 use super::body::{
     full, reply, BoxError, GuardedRequest, ProxyBody, ResignedChunks, ScrubbedResponse,
 };
 use super::by_address;
-use super::decision::{
-    egress_denied, reasons_of, record, resolve_error, sandbox_inactive, Outcome,
-};
+use super::decision::{egress_denied, record, resolve_error, sandbox_inactive, Outcome};
 use super::hop::{check_authority, strip_hop_by_hop};
 use super::limits::Hold;
 use super::path;
@@ -52,7 +49,7 @@ use crate::credentials::apply::{
     apply, credentialed_destination, Applied, AwsSigning, RequestView,
 };
 use crate::credentials::scrub::scrub_headers;
-use crate::error::ErrorReply;
+use crate::error::{Blame, Details, Error, Kind};
 use crate::policy::input::{
     destination_value, egress_input, request_value, Destination, RequestFacts,
 };
@@ -92,14 +89,14 @@ impl Vetted {
 /// Why a phase ended the request.
 pub(crate) enum Stop {
     /// Refused: nothing was forwarded. The reasons go to the decision log.
-    Deny(ErrorReply, Vec<String>),
+    Deny(Error, Vec<String>),
     /// Allowed, but the upstream could not be reached or answered wrongly.
-    Fail(ErrorReply),
+    Fail(Error),
 }
 
 impl Stop {
-    fn deny(error: ErrorReply) -> Stop {
-        let reasons = reasons_of(&error);
+    fn deny(error: Error) -> Stop {
+        let reasons = error.reasons_or_message();
         Stop::Deny(error, reasons)
     }
 }
@@ -212,8 +209,8 @@ fn admit(ctx: &Ctx, req: &Request<Incoming>) -> Phase<()> {
     check_authority(req, &ctx.target).map_err(Stop::deny)?;
     let method = req.method().as_str();
     if method.eq_ignore_ascii_case("TRACE") || method.eq_ignore_ascii_case("TRACK") {
-        return Err(Stop::deny(ErrorReply::new(
-            StatusCode::METHOD_NOT_ALLOWED,
+        return Err(Stop::deny(Error::new(
+            Kind::MethodNotAllowed,
             "method_not_allowed",
             format!("{method} is refused: it reflects request headers back"),
         )));
@@ -281,7 +278,7 @@ fn evaluate_request(
             headers: req.headers(),
         })),
     );
-    ctx.state.policy.evaluate("egress", input)
+    ctx.state.policy.decide(crate::policy::Layer::Egress, input)
 }
 
 /// Phase 3.
@@ -343,8 +340,8 @@ async fn credentials(
         return Err(Stop::deny(sandbox_inactive(&identity.id)));
     }
     if applied.retired() {
-        return Err(Stop::deny(ErrorReply::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+        return Err(Stop::deny(Error::new(
+            Kind::Unavailable,
             "credential_changed",
             "a credential this request needs was deleted or replaced while it was being applied; retry",
         )));
@@ -352,17 +349,14 @@ async fn credentials(
     Ok(applied)
 }
 
-fn ambiguous_path(target: &Target, why: &str) -> ErrorReply {
+fn ambiguous_path(target: &Target, why: &str) -> Error {
     let reason = format!(
         "the path contains {why}, which origins read differently; a credential may be attached to requests for {}, so the path must be unambiguous",
         target.authority
     );
-    ErrorReply::new(
-        StatusCode::BAD_REQUEST,
-        "path_not_canonical",
-        reason.clone(),
-    )
-    .with_details(json!({"host": target.host, "port": target.port, "reasons": [reason]}))
+    Error::new(Kind::Invalid, "path_not_canonical", reason.clone())
+        .blame(Blame::Sandbox)
+        .with_details(Details::destination(&target.host, target.port).with_reasons(vec![reason]))
 }
 
 /// Phase 5.
@@ -378,8 +372,8 @@ async fn upstream_request(
     parts.uri = format!("{}://{}{}", ctx.scheme, target.authority, ctx.path)
         .parse()
         .map_err(|_| {
-            Stop::deny(ErrorReply::new(
-                StatusCode::BAD_REQUEST,
+            Stop::deny(Error::new(
+                Kind::Invalid,
                 "bad_request",
                 "malformed request target",
             ))
@@ -413,8 +407,8 @@ async fn upstream_request(
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
                 return Err(Stop::Fail(
-                    ErrorReply::new(
-                        StatusCode::BAD_GATEWAY,
+                    Error::new(
+                        Kind::Upstream,
                         "upstream_failed",
                         format!(
                             "cannot reach {}: {}",
@@ -422,13 +416,13 @@ async fn upstream_request(
                             crate::error::chain(&e)
                         ),
                     )
-                    .with_details(json!({"host": target.host, "port": target.port})),
+                    .destination(&target.host, target.port),
                 ))
             }
             Err(_) => {
                 return Err(Stop::Fail(
-                    ErrorReply::new(
-                        StatusCode::GATEWAY_TIMEOUT,
+                    Error::new(
+                        Kind::UpstreamTimeout,
                         "upstream_timeout",
                         format!(
                             "{} did not answer within {}s",
@@ -436,7 +430,7 @@ async fn upstream_request(
                             wait.as_secs()
                         ),
                     )
-                    .with_details(json!({"host": target.host, "port": target.port})),
+                    .destination(&target.host, target.port),
                 ))
             }
         };
@@ -481,8 +475,8 @@ async fn hash_body(ctx: &Ctx, body: Incoming) -> Phase<(Bytes, String)> {
         .trailers()
         .is_some_and(crate::credentials::apply::trailers_mention_placeholder)
     {
-        return Err(Stop::deny(ErrorReply::new(
-            StatusCode::FORBIDDEN,
+        return Err(Stop::deny(Error::new(
+            Kind::Forbidden,
             "credential_destination_mismatch",
             "the request's trailers carry a credential placeholder; it was not forwarded",
         )));
@@ -515,24 +509,25 @@ fn sign_headers(
         .map_err(Stop::deny)
 }
 
-fn signed_body_error(target: &Target, e: BoxError) -> ErrorReply {
+fn signed_body_error(target: &Target, e: BoxError) -> Error {
     let too_large = e.is::<http_body_util::LengthLimitError>();
-    let (status, code, message) = match too_large {
+    let (kind, code, message) = match too_large {
         true => (
-            StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::TooLarge,
             "aws_body_too_large",
             format!(
                 "the body is larger than {MAX_SIGNED_BODY} bytes: an AWS signature that covers the body is computed over the whole of it; use a payload the service accepts unsigned (S3: UNSIGNED-PAYLOAD)"
             ),
         ),
         false => (
-            StatusCode::BAD_REQUEST,
+            Kind::Invalid,
             "bad_request",
             format!("the request body could not be read: {e}"),
         ),
     };
-    ErrorReply::new(status, code, message)
-        .with_details(json!({"host": target.host, "port": target.port}))
+    Error::new(kind, code, message)
+        .blame(Blame::Sandbox)
+        .destination(&target.host, target.port)
 }
 
 /// What a request whose trailers carry a placeholder leaves in the decision log.
@@ -565,8 +560,8 @@ fn response(
     let switching = upstream.status() == StatusCode::SWITCHING_PROTOCOLS;
     if let (Some(key), true) = (&ws_key, switching) {
         if !websocket::accepted(upstream.headers(), key) {
-            return Err(Stop::Fail(ErrorReply::new(
-                StatusCode::BAD_GATEWAY,
+            return Err(Stop::Fail(Error::new(
+                Kind::Upstream,
                 "upstream_failed",
                 format!(
                     "{} answered the WebSocket handshake with a wrong Sec-WebSocket-Accept",
@@ -622,16 +617,16 @@ fn boxed(body: Incoming) -> ProxyBody {
     body.map_err(|e| Box::new(e) as BoxError).boxed()
 }
 
-fn unscrubbable(target: &Target) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::BAD_GATEWAY,
+fn unscrubbable(target: &Target) -> Error {
+    Error::new(
+        Kind::Upstream,
         "response_unscrubbable",
         format!(
             "{} answered with a compressed text body although sandgate asked for none; a credential with scrub_response_body cannot let it through unscrubbed",
             target.authority
         ),
     )
-    .with_details(json!({"host": target.host, "port": target.port}))
+    .destination(&target.host, target.port)
 }
 
 /// Text content types, whose bodies `scrub_response_body` applies to (no type: text).

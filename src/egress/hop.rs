@@ -4,7 +4,7 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Request};
 
 use super::decision::misdirected;
 use super::target::Target;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 /// Removes headers that describe this hop only, plus those the Connection header names.
 /// `TE: trailers` survives (gRPC needs it); an upgrade keeps `Connection`/`Upgrade`.
@@ -50,7 +50,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 
 /// Host and `:authority` must name the CONNECT/URI destination: a request that names another
 /// host would reach it on a connection vetted for this one (domain fronting).
-pub(crate) fn check_authority<B>(req: &Request<B>, target: &Target) -> Result<(), ErrorReply> {
+pub(crate) fn check_authority<B>(req: &Request<B>, target: &Target) -> Result<(), Error> {
     let mut seen = false;
     if let Some(authority) = req.uri().authority() {
         seen = true;
@@ -64,8 +64,8 @@ pub(crate) fn check_authority<B>(req: &Request<B>, target: &Target) -> Result<()
         same_destination(host, target)?;
     }
     if !seen {
-        return Err(ErrorReply::new(
-            http::StatusCode::BAD_REQUEST,
+        return Err(Error::new(
+            Kind::Invalid,
             "bad_request",
             "the request names no host (Host header or :authority)",
         ));
@@ -73,7 +73,7 @@ pub(crate) fn check_authority<B>(req: &Request<B>, target: &Target) -> Result<()
     Ok(())
 }
 
-fn same_destination(authority: &str, target: &Target) -> Result<(), ErrorReply> {
+fn same_destination(authority: &str, target: &Target) -> Result<(), Error> {
     let parsed: http::uri::Authority = authority
         .parse()
         .map_err(|_| misdirected(target, authority))?;

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{header, HeaderValue, StatusCode};
+use http::{header, HeaderValue};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
@@ -27,7 +27,7 @@ use super::accept::{admit, next_client, serve_client, SHED_MESSAGE};
 use super::body::reply;
 use super::limits::Hold;
 use super::state::EgressState;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 /// How long a shed client gets, after its handshake, to send the request it is refused.
 const SHED_ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -114,8 +114,8 @@ async fn shed(stream: TlsStream<TcpStream>, peer: SocketAddr) {
 }
 
 fn overloaded() -> http::Response<super::ProxyBody> {
-    let mut response = reply(&ErrorReply::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+    let mut response = reply(&Error::new(
+        Kind::Unavailable,
         "overloaded",
         format!("{SHED_MESSAGE}; retry shortly"),
     ));

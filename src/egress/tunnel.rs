@@ -19,7 +19,7 @@ use super::io::PrefixedIo;
 use super::limits::Hold;
 use super::state::{next_request_id, EgressState};
 use super::target::Target;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 /// Runs a tunnel until it ends, reaches `tunnel_max_secs`, or its identity is revoked:
 /// revocation drops the tunnel's connection at once, whatever it is doing.
@@ -98,8 +98,8 @@ async fn inspect(
         let h2 = prefix_is_h2;
         serve_http(state, target, ips, hold, io, "http", h2).await;
     } else {
-        let error = ErrorReply::new(
-            http::StatusCode::FORBIDDEN,
+        let error = Error::new(
+            Kind::Forbidden,
             "tunnel_refused",
             "the tunnel carries neither TLS nor HTTP; only a policy `tunnel` action lets it through",
         );
@@ -134,8 +134,8 @@ async fn intercept_tls<T>(
     let config = match sni {
         Some(name) if name == target.host => state.tls_server.clone(),
         Some(name) => {
-            let error = ErrorReply::new(
-                http::StatusCode::MISDIRECTED_REQUEST,
+            let error = Error::new(
+                Kind::Misdirected,
                 "misdirected_request",
                 format!(
                     "TLS server name {name:?} does not match the CONNECT host {:?}",

@@ -41,6 +41,7 @@ use serde_json::{json, Value};
 
 use super::errors::{api_error, api_reply, ApiRefusal};
 use super::FacadeState;
+use crate::create::Answer;
 use crate::e2b::wire::{self, CreatedSandbox, ListedSandbox, NewSandbox, SandboxDetail};
 use crate::operations::Principal;
 use crate::providers::ops::Lifecycle;
@@ -202,11 +203,11 @@ async fn create(
     };
     let coordinator = &state.ops.sandboxes;
     let id = match coordinator.create(caller, translated, key).await {
-        Ok((_, view)) => view["id"].as_str().unwrap_or_default().to_string(),
+        Ok(answer) => answer.body()["id"].as_str().unwrap_or_default().to_string(),
         Err(e) => return api_error(&e),
     };
     match coordinator.settle(&id, CREATE_WAIT).await {
-        Ok((StatusCode::ACCEPTED, view)) => api_reply(
+        Ok(Answer::Placing(view)) => api_reply(
             504,
             None,
             &format!(

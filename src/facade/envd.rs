@@ -35,7 +35,7 @@ use super::errors::{message, rpc_error, rpc_reply};
 use super::{EnvdTarget, FacadeState};
 use crate::e2b::connect::RpcError;
 use crate::e2b::envd::{self, ENVD_PORT};
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 use crate::operations::files::{file_action, move_path, MAX_FILE_BYTES};
 use crate::providers::ops::SandboxEntry;
 use crate::store::sandboxes::SandboxRow;
@@ -174,8 +174,8 @@ async fn health(_: EnvdSandbox) -> Response {
 }
 
 /// envd's HTTP error for a sandgate refusal (file endpoints).
-fn file_error(e: &ErrorReply) -> Response {
-    envd_error(e.status, message(e))
+fn file_error(e: &Error) -> Response {
+    envd_error(crate::reply::status(e.kind), message(e))
 }
 
 #[derive(Deserialize)]
@@ -506,7 +506,7 @@ async fn find(
             .map(|e| envd::entry_info(&parent, e))),
         // The parent is missing, so the entry is (the sandbox was found running just
         // before: `EnvdCall`).
-        Err(e) if e.status == StatusCode::NOT_FOUND => Ok(None),
+        Err(e) if e.kind == Kind::NotFound => Ok(None),
         Err(e) => Err(rpc_error(&e)),
     }
 }
@@ -550,7 +550,7 @@ async fn list_dir(
         let entries: Vec<SandboxEntry> = match listed {
             Ok(entries) => entries,
             // Only the directory asked for must exist; one vanishing mid-walk is skipped.
-            Err(e) if dir != path && e.status == StatusCode::NOT_FOUND => continue,
+            Err(e) if dir != path && e.kind == Kind::NotFound => continue,
             Err(e) => return Err(rpc_error(&e)),
         };
         for entry in &entries {

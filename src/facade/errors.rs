@@ -23,68 +23,46 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::Value;
 
 use crate::e2b::connect::RpcError;
 use crate::e2b::wire;
-use crate::error::ErrorReply;
+use crate::error::Error;
+use crate::reply;
 
 /// The E2B message of a sandgate refusal.
-pub fn message(e: &ErrorReply) -> String {
+pub fn message(e: &Error) -> String {
     let mut text = format!("{}: {}", e.code, e.message);
-    let details = &e.details;
     // Reasons the message does not already say (creation refusals quote the first one).
-    let reasons: Vec<String> = details["reasons"]
-        .as_array()
-        .map(|r| r.iter().filter_map(reason_text).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
+    let reasons: Vec<&String> = e
+        .details
+        .reasons
+        .iter()
+        .flatten()
         .filter(|r| !text.contains(r.as_str()))
         .collect();
     if !reasons.is_empty() {
+        let reasons: Vec<&str> = reasons.iter().map(|r| r.as_str()).collect();
         text.push_str(&format!(" (reasons: {})", reasons.join("; ")));
     }
     let attempts = match e.code {
-        "no_eligible_provider" | "creation_failed" => details["attempts"].as_array(),
+        "no_eligible_provider" | "creation_failed" => e.details.attempts.as_ref(),
         _ => None,
     };
     let unmet: Vec<String> = attempts
-        .map(|attempts| {
-            attempts
-                .iter()
-                .filter_map(|a| {
-                    let pool = a["pool"].as_str()?;
-                    let why = a["unmet_requirements"]
-                        .as_array()
-                        .map(|u| {
-                            u.iter()
-                                .filter_map(reason_text)
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        })
-                        .or_else(|| a["message"].as_str().map(str::to_string))?;
-                    Some(format!("{pool}: {why}"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+        .map(|a| a.why_each())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(pool, why)| format!("{pool}: {why}"))
+        .collect();
     if !unmet.is_empty() {
         text.push_str(&format!(" (attempts: {})", unmet.join("; ")));
     }
     text
 }
 
-fn reason_text(value: &Value) -> Option<String> {
-    match value {
-        Value::String(s) => Some(s.clone()),
-        Value::Null => None,
-        other => Some(other.to_string()),
-    }
-}
-
 /// A control-plane answer for a sandgate refusal.
-pub fn api_error(e: &ErrorReply) -> Response {
-    let (status, error_code) = match (e.status.as_u16(), e.code) {
+pub fn api_error(e: &Error) -> Response {
+    let (status, error_code) = match (reply::status(e.kind).as_u16(), e.code) {
         (409, "idempotency_conflict") => (422, Some("idempotency_request_mismatch")),
         (s @ (400..=404 | 409 | 422 | 429 | 501..=503), _) => (s, None),
         (s, _) if s >= 500 => (500, None),
@@ -126,8 +104,8 @@ pub fn api_reply(status: u16, error_code: Option<&str>, message: &str) -> Respon
 }
 
 /// The Connect error of a sandgate refusal (envd's RPCs).
-pub fn rpc_error(e: &ErrorReply) -> RpcError {
-    let code = match e.status.as_u16() {
+pub fn rpc_error(e: &Error) -> RpcError {
+    let code = match reply::status(e.kind).as_u16() {
         400 => "invalid_argument",
         401 => "unauthenticated",
         403 => "permission_denied",
@@ -150,16 +128,16 @@ pub fn rpc_reply(e: &RpcError) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::error::{Attempts, Details, Kind};
 
     #[test]
     fn a_policy_refusal_names_its_code_and_reasons() {
-        let e = ErrorReply::new(
-            StatusCode::FORBIDDEN,
+        let e = Error::new(
+            Kind::Refused,
             "policy_denied",
             "policy (action) refused exec",
         )
-        .with_details(json!({"reasons": ["curl is not allowed here"]}));
+        .reasons(vec!["curl is not allowed here".into()]);
         assert_eq!(
             message(&e),
             "policy_denied: policy (action) refused exec (reasons: curl is not allowed here)"
@@ -169,16 +147,21 @@ mod tests {
 
     #[test]
     fn unmet_requirements_are_listed_per_pool() {
-        let e = ErrorReply::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
+        let e = Error::new(
+            Kind::Unprocessable,
             "no_eligible_provider",
             "no pool can take this",
         )
-        .with_details(json!({"attempts": [{"pool": "local", "unmet_requirements": ["gpu"]}]}));
-        let quoted = ErrorReply::new(StatusCode::FORBIDDEN, "forbidden", "refused: tier")
-            .with_details(
-                json!({"reasons": ["tier"], "attempts": [{"pool": "p", "message": "x"}]}),
-            );
+        .with_details(Details {
+            attempts: Some(Attempts::Ruled(vec![sandgate_router::Attempt {
+                provider: "local".into(),
+                pool: "local".into(),
+                unmet_requirements: vec!["gpu".into()],
+            }])),
+            ..Details::default()
+        });
+        let quoted =
+            Error::new(Kind::Forbidden, "forbidden", "refused: tier").reasons(vec!["tier".into()]);
         assert_eq!(message(&quoted), "forbidden: refused: tier");
         assert!(
             message(&e).ends_with("(attempts: local: gpu)"),

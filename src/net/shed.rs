@@ -6,16 +6,17 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 
 /// Answers 503 `overloaded` with `message` and closes; gives up after two seconds.
 pub async fn overloaded(mut stream: TcpStream, message: &'static str) {
-    let error = ErrorReply::new(
-        http::StatusCode::SERVICE_UNAVAILABLE,
+    let error = Error::new(
+        Kind::Unavailable,
         "overloaded",
         format!("{message}; retry shortly"),
     );
-    let body = serde_json::to_vec(&error.body()).unwrap_or_default();
+    let body =
+        serde_json::to_vec(&serde_json::json!({"error": error.record()})).unwrap_or_default();
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nx-sandgate-error: overloaded\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()

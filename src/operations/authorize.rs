@@ -3,12 +3,9 @@
 
 use std::sync::Arc;
 
-use http::StatusCode;
-use serde_json::json;
-
 use super::{OpsContext, Principal};
 use crate::create::Located;
-use crate::error::ErrorReply;
+use crate::error::{Details, Error, Kind};
 pub use crate::policy::input::OperationDetail;
 use crate::policy::input::{operation_input, SandboxFacts};
 use crate::policy::Layer;
@@ -30,23 +27,22 @@ pub const ANY_STATE: &[&str] = &[
 
 /// The same 404 for a sandbox that does not exist and one the caller may not manage, so
 /// ids of other workspaces stay private.
-pub fn not_found(id: &str) -> ErrorReply {
-    ErrorReply::new(
-        StatusCode::NOT_FOUND,
+pub fn not_found(id: &str) -> Error {
+    Error::new(
+        Kind::NotFound,
         "not_found",
         format!("no sandbox {id:?} in your workspace"),
     )
 }
 
 /// A 400 naming the request field at fault (messages never quote a value).
-pub(crate) fn invalid(field: &str, message: impl Into<String>) -> ErrorReply {
-    ErrorReply::new(StatusCode::BAD_REQUEST, "invalid_request", message.into())
-        .with_details(json!({"field": field}))
+pub(crate) fn invalid(field: &str, message: impl Into<String>) -> Error {
+    Error::new(Kind::Invalid, "invalid_request", message.into()).field(field)
 }
 
 /// An operation on sandbox `id` failed at its provider: the sandbox is checked at once in
 /// case the provider ended it (see `create::liveness`), and the error becomes the reply.
-pub(crate) fn op_failed(ctx: &OpsContext, id: &str, e: OpError) -> ErrorReply {
+pub(crate) fn op_failed(ctx: &OpsContext, id: &str, e: OpError) -> Error {
     // Not for "unsupported": that is the adapter's own answer, whatever the instance's state
     // (a provider that ended an instance answers 400, 404, 409 or 410, depending on which).
     if e.kind != OpErrorKind::Unsupported {
@@ -56,15 +52,15 @@ pub(crate) fn op_failed(ctx: &OpsContext, id: &str, e: OpError) -> ErrorReply {
 }
 
 /// A provider's error as the reply: its kind picks the status, its code and message pass.
-pub(crate) fn op_error(e: OpError) -> ErrorReply {
-    let status = match e.kind {
-        OpErrorKind::NotFound => StatusCode::NOT_FOUND,
-        OpErrorKind::Invalid => StatusCode::BAD_REQUEST,
-        OpErrorKind::Conflict => StatusCode::CONFLICT,
-        OpErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
-        OpErrorKind::Provider => StatusCode::BAD_GATEWAY,
+pub(crate) fn op_error(e: OpError) -> Error {
+    let kind = match e.kind {
+        OpErrorKind::NotFound => Kind::NotFound,
+        OpErrorKind::Invalid => Kind::Invalid,
+        OpErrorKind::Conflict => Kind::Conflict,
+        OpErrorKind::Unsupported => Kind::Unsupported,
+        OpErrorKind::Provider => Kind::Upstream,
     };
-    ErrorReply::new(status, e.code(), e.message)
+    Error::new(kind, e.code(), e.message)
 }
 
 /// The provider's instance id of a located sandbox.
@@ -86,7 +82,7 @@ pub async fn authorize(
     operation: &str,
     detail: OperationDetail<'_>,
     states: &[&str],
-) -> Result<(Located, Arc<dyn Provider>), ErrorReply> {
+) -> Result<(Located, Arc<dyn Provider>), Error> {
     check_delegation_scope(caller, id, operation)?;
     let located = match ctx.sandboxes.locate(id).await? {
         Some(l) if caller.may_manage(&l.row.workspace) => l,
@@ -95,8 +91,8 @@ pub async fn authorize(
     decide(ctx, caller, &located, layer, operation, detail)?;
     let row = &located.row;
     if !states.contains(&row.state.as_str()) {
-        return Err(ErrorReply::new(
-            StatusCode::CONFLICT,
+        return Err(Error::new(
+            Kind::Conflict,
             "sandbox_state",
             format!(
                 "sandbox {id} is {}; {operation} needs it {}",
@@ -104,11 +100,14 @@ pub async fn authorize(
                 states.join(" or ")
             ),
         )
-        .with_details(json!({"state": row.state})));
+        .with_details(Details {
+            state: Some(row.state.clone()),
+            ..Details::default()
+        }));
     }
     let Some(adapter) = located.adapter.clone() else {
-        return Err(ErrorReply::new(
-            StatusCode::NOT_IMPLEMENTED,
+        return Err(Error::new(
+            Kind::Unsupported,
             "unsupported",
             format!("sandbox {id} has no provider adapter for {operation}"),
         ));
@@ -117,15 +116,15 @@ pub async fn authorize(
 }
 
 /// A delegated caller may perform only the actions it names, on its one sandbox.
-fn check_delegation_scope(caller: &Principal, id: &str, operation: &str) -> Result<(), ErrorReply> {
+fn check_delegation_scope(caller: &Principal, id: &str, operation: &str) -> Result<(), Error> {
     let Some(d) = &caller.delegation else {
         return Ok(());
     };
     if d.sandbox_id == id && d.actions.iter().any(|a| a == operation) {
         return Ok(());
     }
-    Err(ErrorReply::new(
-        StatusCode::FORBIDDEN,
+    Err(Error::new(
+        Kind::Forbidden,
         "delegation_scope",
         format!(
             "this delegated token allows {} on sandbox {}, not {operation} on {id}",
@@ -133,7 +132,11 @@ fn check_delegation_scope(caller: &Principal, id: &str, operation: &str) -> Resu
             d.sandbox_id
         ),
     )
-    .with_details(json!({"delegation": d.id, "operation": operation})))
+    .with_details(Details {
+        delegation: Some(d.id.clone()),
+        operation: Some(operation.to_string()),
+        ..Details::default()
+    }))
 }
 
 /// Step 2: the policy layer's decision on `operation`; a refusal is 403 `policy_denied`.
@@ -144,24 +147,25 @@ fn decide(
     layer: Layer,
     operation: &str,
     detail: OperationDetail<'_>,
-) -> Result<(), ErrorReply> {
+) -> Result<(), Error> {
     let input = operation_input(operation, caller, &sandbox_facts(located), &detail);
     let decision = ctx.policy.decide(layer, input);
     if decision.allowed {
         return Ok(());
     }
     let id = &located.row.id;
-    Err(ErrorReply::new(
-        StatusCode::FORBIDDEN,
+    Err(Error::new(
+        Kind::Refused,
         "policy_denied",
         format!("policy ({layer}) refused {operation} on sandbox {id}"),
     )
-    .with_details(json!({
-        "layer": layer.as_str(),
-        "operation": operation,
-        "reasons": decision.reasons,
-        "generation": decision.generation,
-    })))
+    .with_details(Details {
+        layer: Some(layer),
+        operation: Some(operation.to_string()),
+        reasons: Some(decision.reasons),
+        generation: Some(decision.generation),
+        ..Details::default()
+    }))
 }
 
 /// What policy is told about a located sandbox.

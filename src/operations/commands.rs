@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::authorize::{authorize, instance, invalid, op_failed};
 use super::{Layer, OperationDetail, OpsContext, Principal};
-use crate::error::ErrorReply;
+use crate::error::Error;
 use crate::providers::{ExecSpec, ExecStream};
 
 /// Longest exec timeout a caller may ask for.
@@ -35,7 +35,7 @@ pub struct ExecRequest {
 /// a program, bounded lists, no NUL in any argument, value or the working directory (the
 /// kernel cannot pass one), environment names of `[A-Za-z_][A-Za-z0-9_]*`, a timeout of 1 ms
 /// to 24 h. Messages never quote a value (values may hold secrets).
-pub fn check_exec(request: &ExecRequest) -> Result<(), ErrorReply> {
+pub fn check_exec(request: &ExecRequest) -> Result<(), Error> {
     check_argv(&request.argv)?;
     check_env(&request.env)?;
     if let Some(cwd) = &request.cwd {
@@ -52,7 +52,7 @@ pub fn check_exec(request: &ExecRequest) -> Result<(), ErrorReply> {
 }
 
 /// A program first, at most [`MAX_EXEC_ENTRIES`] arguments, none with a NUL.
-fn check_argv(argv: &[String]) -> Result<(), ErrorReply> {
+fn check_argv(argv: &[String]) -> Result<(), Error> {
     if argv.is_empty() {
         return Err(invalid("argv", "`argv` must name a program"));
     }
@@ -75,7 +75,7 @@ fn check_argv(argv: &[String]) -> Result<(), ErrorReply> {
 }
 
 /// At most [`MAX_EXEC_ENTRIES`] variables, names a shell accepts, values without NUL.
-fn check_env(env: &BTreeMap<String, String>) -> Result<(), ErrorReply> {
+fn check_env(env: &BTreeMap<String, String>) -> Result<(), Error> {
     if env.len() > MAX_EXEC_ENTRIES {
         return Err(invalid(
             "env",
@@ -114,7 +114,7 @@ pub async fn start_command(
     caller: &Principal,
     id: &str,
     request: ExecRequest,
-) -> Result<ExecStream, ErrorReply> {
+) -> Result<ExecStream, Error> {
     check_exec(&request)?;
     let timeout = request.timeout_ms.map(Duration::from_millis);
     let detail = OperationDetail::Exec {
@@ -147,7 +147,7 @@ pub async fn authorize_running_command(
     caller: &Principal,
     id: &str,
     detail: OperationDetail<'_>,
-) -> Result<(), ErrorReply> {
+) -> Result<(), Error> {
     authorize(ctx, caller, id, Layer::Action, "exec", detail, super::LIVE)
         .await
         .map(|_| ())

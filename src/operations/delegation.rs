@@ -3,12 +3,10 @@
 
 use std::sync::Arc;
 
-use http::StatusCode;
-
 use super::authorize::invalid;
 use super::{authorize, Layer, OperationDetail, OpsContext, Principal, ANY_STATE};
 use crate::base::DelegationScope;
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 /// Every action-layer operation may be delegated.
 pub use crate::policy::input::ACTION_OPERATIONS;
 use crate::policy::input::LIFECYCLE_OPERATIONS;
@@ -41,7 +39,7 @@ pub async fn delegable_actions(
     caller: &Principal,
     id: &str,
     requested: &[String],
-) -> Result<Vec<String>, ErrorReply> {
+) -> Result<Vec<String>, Error> {
     let mut actions = Vec::new();
     for (i, action) in requested.iter().enumerate() {
         let Some(layer) = layer_of(action) else {
@@ -73,17 +71,14 @@ pub async fn delegable_actions(
 }
 
 /// A 401 for a delegated token that stands for no one (any more).
-fn unauthenticated(message: &str) -> ErrorReply {
-    ErrorReply::new(StatusCode::UNAUTHORIZED, "unauthenticated", message)
+fn unauthenticated(message: &str) -> Error {
+    Error::new(Kind::Unauthenticated, "unauthenticated", message)
 }
 
 /// Resolves a delegated token: live (not expired, not revoked) and its delegator still
 /// configured; the principal returned carries the delegator's current roles, narrowed by
 /// the delegation. Refusals are 401 `unauthenticated` (the store failing is 500).
-pub async fn resolve_delegated(
-    ctx: &OpsContext,
-    token: &str,
-) -> Result<Arc<Principal>, ErrorReply> {
+pub async fn resolve_delegated(ctx: &OpsContext, token: &str) -> Result<Arc<Principal>, Error> {
     let hash = crate::callers::token_hash(token);
     let row = match ctx.sandboxes.store().delegation_by_token_hash(&hash).await {
         Ok(Some(row)) => row,

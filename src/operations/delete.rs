@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::{authorize, Layer, OperationDetail, OpsContext, Principal, ANY_STATE};
-use crate::error::ErrorReply;
+use crate::error::Error;
 
 /// Authorizes (`sandgate.lifecycle`, `delete`) and deletes a sandbox in any state (a failed
 /// create included); `None` when there is no such sandbox.
@@ -11,7 +11,7 @@ pub async fn delete_sandbox(
     ctx: &OpsContext,
     caller: &Principal,
     id: &str,
-) -> Result<Option<Value>, ErrorReply> {
+) -> Result<Option<Value>, Error> {
     let authorized = authorize(
         ctx,
         caller,

@@ -3,7 +3,7 @@
 
 use super::authorize::{authorize, instance, invalid, op_failed};
 use super::{Layer, OperationDetail, OpsContext, Principal, LIVE};
-use crate::error::ErrorReply;
+use crate::error::Error;
 use crate::providers::{BoxFuture, OpError, Provider};
 
 /// Largest file a front end accepts for writing.
@@ -13,7 +13,7 @@ pub const MAX_PATH_BYTES: usize = 4096;
 
 /// A path is 1 to 4096 bytes without NUL (other bytes are legal in Linux file names, so a
 /// file with a newline in its name can still be read or removed).
-pub fn check_path(field: &str, path: &str) -> Result<(), ErrorReply> {
+pub fn check_path(field: &str, path: &str) -> Result<(), Error> {
     if path.is_empty() || path.len() > MAX_PATH_BYTES || path.contains('\0') {
         return Err(invalid(
             field,
@@ -34,7 +34,7 @@ pub async fn file_action<C, F, T>(
     path: &str,
     with: &C,
     op: F,
-) -> Result<T, ErrorReply>
+) -> Result<T, Error>
 where
     C: ?Sized,
     F: for<'a> FnOnce(&'a dyn Provider, &'a str, &'a C) -> BoxFuture<'a, Result<T, OpError>>,
@@ -59,7 +59,7 @@ pub async fn move_path(
     id: &str,
     from: &str,
     to: &str,
-) -> Result<(), ErrorReply> {
+) -> Result<(), Error> {
     check_path("path", from)?;
     check_path("destination", to)?;
     let detail = OperationDetail::File {

@@ -1,12 +1,11 @@
 //! Lifecycle transitions (`start`, `stop`, `pause`, `resume`) and the sandbox's lifetime
 //! (`set_timeout`), decided by `sandgate.lifecycle`.
 
-use http::StatusCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::authorize::{authorize, instance, op_failed};
 use super::{Layer, OperationDetail, OpsContext, Principal};
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 use crate::providers::ops::Lifecycle;
 
 /// States whose lifetime can still be changed (not `failed` or `deleted`).
@@ -26,7 +25,7 @@ pub async fn lifecycle(
     caller: &Principal,
     id: &str,
     op: Lifecycle,
-) -> Result<Option<Value>, ErrorReply> {
+) -> Result<Option<Value>, Error> {
     let (located, adapter) = authorize(
         ctx,
         caller,
@@ -55,15 +54,15 @@ pub async fn set_lifetime(
     caller: &Principal,
     id: &str,
     ttl_secs: u64,
-) -> Result<Option<Value>, ErrorReply> {
+) -> Result<Option<Value>, Error> {
     let max = crate::create::body::MAX_TTL_SECS;
     if ttl_secs == 0 || ttl_secs > max {
-        return Err(ErrorReply::new(
-            StatusCode::BAD_REQUEST,
+        return Err(Error::new(
+            Kind::Invalid,
             "invalid_request",
             format!("`ttl_secs`: must be 1 to {max} seconds"),
         )
-        .with_details(json!({"field": "ttl_secs"})));
+        .field("ttl_secs"));
     }
     let detail = OperationDetail::Timeout { ttl_secs };
     authorize(

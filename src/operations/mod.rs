@@ -17,7 +17,7 @@
 //! - **Policy input**: built by [`crate::policy::input::operation_input`] from typed values
 //!   ([`OperationDetail`], the sandbox's facts), the layer named by [`Layer`]; nothing here
 //!   assembles a Rego input by hand.
-//! - **Errors**: [`ErrorReply`](crate::error::ErrorReply) for now (codes and statuses are
+//! - **Errors**: [`Error`](crate::error::Error) for now (codes and statuses are
 //!   the `/v1` contract; the facade maps them to E2B's shapes).
 //!
 //! Every operation, in this order:

@@ -1,13 +1,12 @@
 //! Snapshots: taking one of a live sandbox (`sandgate.lifecycle`, `snapshot`) and deleting
 //! one of the caller's workspace.
 
-use http::StatusCode;
 use serde_json::{json, Value};
 
 use super::authorize::{authorize, instance, invalid, not_found, op_error, op_failed};
 use super::files::MAX_PATH_BYTES;
 use super::{Layer, OperationDetail, OpsContext, Principal, LIVE};
-use crate::error::ErrorReply;
+use crate::error::{Error, Kind};
 use crate::store::snapshots::{SnapshotRow, FILESYSTEM_EXPORT, PROVIDER_SNAPSHOT};
 
 /// Largest filesystem export, in file bytes (the archive is kept in sandgate's database).
@@ -27,7 +26,7 @@ pub struct SnapshotRequest {
 impl SnapshotRequest {
     /// A known kind, `paths` only for a filesystem export, each an absolute path without
     /// `..` or NUL, at most 16.
-    pub fn check(&self) -> Result<(), ErrorReply> {
+    pub fn check(&self) -> Result<(), Error> {
         match self.kind.as_deref() {
             None | Some("provider") if self.paths.is_some() => {
                 return Err(invalid(
@@ -69,7 +68,7 @@ pub async fn take_snapshot(
     caller: &Principal,
     id: &str,
     request: &SnapshotRequest,
-) -> Result<Value, ErrorReply> {
+) -> Result<Value, Error> {
     request.check()?;
     let detail = OperationDetail::Snapshot {
         kind: request.kind.as_deref().unwrap_or("provider"),
@@ -117,7 +116,7 @@ async fn export(
     instance: &str,
     request: &SnapshotRequest,
     mut row: SnapshotRow,
-) -> Result<Value, ErrorReply> {
+) -> Result<Value, Error> {
     let roots = request
         .paths
         .clone()
@@ -146,13 +145,13 @@ pub async fn delete_snapshot(
     ctx: &OpsContext,
     caller: &Principal,
     snapshot_id: &str,
-) -> Result<(), ErrorReply> {
+) -> Result<(), Error> {
     let store = ctx.sandboxes.store();
     let row = match store.get_snapshot(snapshot_id).await {
         Ok(Some(row)) if caller.may_manage(&row.workspace) => row,
         Ok(_) => {
-            return Err(ErrorReply::new(
-                StatusCode::NOT_FOUND,
+            return Err(Error::new(
+                Kind::NotFound,
                 "not_found",
                 format!("no snapshot {snapshot_id:?} in your workspace"),
             ))

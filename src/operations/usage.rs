@@ -2,13 +2,13 @@
 
 use super::authorize::{authorize, instance, op_failed};
 use super::{Layer, OperationDetail, OpsContext, Principal, LIVE};
-use crate::error::ErrorReply;
+use crate::error::Error;
 use crate::providers::Usage;
 
 /// Authorizes (`sandgate.lifecycle`, `metrics`) and reads CPU, memory and disk
 /// ([`Provider::usage`](crate::providers::Provider::usage); a provider that cannot tell
 /// answers 501 `unsupported`).
-pub async fn usage(ctx: &OpsContext, caller: &Principal, id: &str) -> Result<Usage, ErrorReply> {
+pub async fn usage(ctx: &OpsContext, caller: &Principal, id: &str) -> Result<Usage, Error> {
     let (located, adapter) = authorize(
         ctx,
         caller,

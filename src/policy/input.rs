@@ -283,3 +283,94 @@ pub fn operation_input(
     }
     Value::from(input)
 }
+
+/// What the `sandgate.creation` and `sandgate.provider` layers are told about one candidate
+/// pool of a create (see `policies/README.md`).
+pub struct AdmissionFacts<'a> {
+    pub caller: (&'a str, &'a str, &'a [String]),
+    pub workspace: &'a str,
+    pub sandbox_id: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    /// The create body as policy sees it (environment values removed).
+    pub request: serde_json::Value,
+    /// The candidate's provider and account names, and its pool and account as configured.
+    pub provider: &'a str,
+    pub account: &'a str,
+    pub pool: Option<&'a sandgate_router::Pool>,
+    pub provider_kind: Option<&'a str>,
+    pub account_config: Option<&'a sandgate_router::Account>,
+    /// 1 for the first pool the walk tries.
+    pub attempt: i64,
+    pub dry_run: bool,
+}
+
+/// The input of the `sandgate.creation` and `sandgate.provider` layers.
+pub fn admission_input(f: &AdmissionFacts<'_>) -> Value {
+    use serde_json::json;
+    let (principal, principal_workspace, roles) = f.caller;
+    let pool = f.pool.map(|p| {
+        json!({
+            "name": p.name.as_ref(),
+            "provider": f.provider,
+            "provider_kind": f.provider_kind,
+            "account": f.account,
+            "geography": p.geography,
+            "region": p.region.as_deref(),
+            "zone": p.zone.as_deref(),
+            "labels": p.labels,
+            "vpc": p.vpc,
+            "price": p.price,
+            "standby": p.standby,
+            "egress": p.capabilities.egress.as_str(),
+        })
+    });
+    let account = f.account_config.map(|a| {
+        json!({
+            "name": a.name.as_ref(),
+            "provider": f.provider,
+            "billing": a.billing,
+            "labels": a.labels,
+            "credential_bound": a.credential.is_some(),
+        })
+    });
+    Value::from(json!({
+        "phase": "admit",
+        "principal": {"principal": principal, "workspace": principal_workspace, "roles": roles},
+        "workspace": f.workspace,
+        "sandbox": {"id": f.sandbox_id, "workspace": f.workspace, "labels": f.labels},
+        "request": f.request,
+        "pool": pool,
+        "account": account,
+        "attempt": {"number": f.attempt},
+        "dry_run": f.dry_run,
+    }))
+}
+
+/// What the `sandgate.credential` layer is told about one credential's use.
+pub struct CredentialFacts<'a> {
+    /// The credential as policy sees it (name, type, destinations; never its secret).
+    pub credential: &'a Value,
+    pub sandbox: &'a Value,
+    pub destination: &'a Value,
+    pub method: &'a str,
+    pub path: &'a str,
+    /// The AWS operation the request's signature names, for `aws_sigv4` credentials.
+    pub aws: Option<Value>,
+}
+
+/// The input of the `sandgate.credential` layer.
+pub fn credential_input(f: CredentialFacts<'_>) -> Value {
+    let mut request = vec![
+        ("method", Value::from(f.method)),
+        ("path", Value::from(f.path)),
+    ];
+    if let Some(aws) = f.aws {
+        request.push(("aws", aws));
+    }
+    obj(vec![
+        ("credential", f.credential.clone()),
+        ("sandbox", f.sandbox.clone()),
+        ("destination", f.destination.clone()),
+        ("request", obj(request)),
+    ])
+}

@@ -24,7 +24,6 @@
 //!   the log when it is off: the egress path evaluates per request.
 
 pub mod input;
-mod layer;
 mod probe;
 pub mod scope;
 pub mod testing;
@@ -38,8 +37,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use regorus::Value;
 
+pub use crate::base::Layer;
 use crate::decision_log::{DecisionLog, Labels, PolicyMetrics, PolicyRecord};
-pub use layer::Layer;
 
 /// The layers sandgate knows; each has its package `sandgate.<layer>`.
 pub const LAYERS: &[&str] = &[
@@ -510,7 +509,7 @@ impl PolicyEngine {
     /// Evaluates one layer for `input`: the platform scope's rules, and those of the input's
     /// workspace scope when it has some for this layer. Allowed only when every applicable
     /// scope allows and none denies (see [`scope`]).
-    pub fn evaluate(&self, layer: &'static str, input: Value) -> Decision {
+    fn evaluate(&self, layer: &'static str, input: Value) -> Decision {
         let started = Instant::now();
         // Only a logged decision keeps its input (a cheap reference-counted clone).
         let log = self.log_for(layer);
@@ -1318,7 +1317,7 @@ mod tests {
         engine_for_errors.set_input(input.clone());
         let raw = engine_for_errors.eval_rule("data.sandgate_internal.credential.decision".into());
         assert!(raw.is_ok(), "{raw:?}");
-        let decision = engine.evaluate("credential", input);
+        let decision = engine.decide(Layer::Credential, input);
         assert!(decision.allowed, "{:?}", decision.reasons);
     }
 }
@@ -1347,8 +1346,8 @@ mod bytecode_tests {
         assert!(reference.current().programs.is_empty());
         assert!(!fast.current().programs.is_empty());
         for host in ["api.a.test", "evil.test"] {
-            let a = reference.evaluate("egress", input(host, "GET"));
-            let b = fast.evaluate("egress", input(host, "GET"));
+            let a = reference.decide(Layer::Egress, input(host, "GET"));
+            let b = fast.decide(Layer::Egress, input(host, "GET"));
             assert_eq!((a.allowed, a.reasons), (b.allowed, b.reasons), "{host}");
         }
     }
@@ -1388,5 +1387,16 @@ mod bytecode_tests {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod layer_tests {
+    use super::*;
+
+    #[test]
+    fn every_layer_is_named_as_the_engine_knows_it() {
+        let names: Vec<&str> = Layer::ALL.iter().map(|l| l.as_str()).collect();
+        assert_eq!(names, LAYERS);
     }
 }

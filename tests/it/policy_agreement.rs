@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use regorus::Value;
-use sandgate::policy::{Evaluator, PolicyEngine, LAYERS};
+use sandgate::policy::{Evaluator, Layer, PolicyEngine, LAYERS};
 use serde_json::{json, Value as J};
 
 /// xorshift64*: deterministic, so a failure reproduces (the seed is printed).
@@ -263,11 +263,11 @@ fn bytecode_and_interpreter_agree_on_generated_inputs_for_every_layer() {
     let seed = 0x5eed_0001_u64;
     let mut rng = Rng(seed);
     let mut outcomes = std::collections::BTreeMap::<(&str, bool), usize>::new();
-    for layer in LAYERS {
+    for layer in Layer::ALL {
         for n in 0..600 {
-            let doc = input(&mut rng, layer);
-            let a = reference.evaluate(layer, Value::from(doc.clone()));
-            let b = fast.evaluate(layer, Value::from(doc.clone()));
+            let doc = input(&mut rng, layer.as_str());
+            let a = reference.decide(layer, Value::from(doc.clone()));
+            let b = fast.decide(layer, Value::from(doc.clone()));
             let key = |d: &sandgate::policy::Decision| {
                 let mut reasons = d.reasons.clone();
                 reasons.sort();
@@ -278,7 +278,7 @@ fn bytecode_and_interpreter_agree_on_generated_inputs_for_every_layer() {
                 key(&b),
                 "layer {layer}, input #{n} (seed {seed:#x}): {doc}"
             );
-            *outcomes.entry((layer, a.allowed)).or_default() += 1;
+            *outcomes.entry((layer.as_str(), a.allowed)).or_default() += 1;
         }
     }
     // The generator reaches both outcomes on every layer (else the comparison is thin).
@@ -333,8 +333,8 @@ deny contains "operation not in the workspace's allowed list" if {
     assert!(report.fallbacks[0].reason.contains("disagree"));
     for (ws, op) in [("acme", "exec"), ("acme", "files.read"), ("other", "exec")] {
         let doc = json!({"operation": op, "workspace": ws, "principal": {"workspace": ws}});
-        let a = reference.evaluate("action", Value::from(doc.clone()));
-        let b = fast.evaluate("action", Value::from(doc));
+        let a = reference.decide(Layer::Action, Value::from(doc.clone()));
+        let b = fast.decide(Layer::Action, Value::from(doc));
         assert_eq!(
             (a.allowed, &a.reasons),
             (b.allowed, &b.reasons),
@@ -342,8 +342,8 @@ deny contains "operation not in the workspace's allowed list" if {
         );
     }
     // A workspace without the list: the rule is undefined, nothing is denied (OPA's answer).
-    let other = fast.evaluate(
-        "action",
+    let other = fast.decide(
+        Layer::Action,
         Value::from(
             json!({"operation": "exec", "workspace": "other", "principal": {"workspace": "other"}}),
         ),

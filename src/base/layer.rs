@@ -2,7 +2,8 @@
 //! a compile error rather than a default deny at run time.
 
 /// One policy layer; its package is `sandgate.<name>` ([`Layer::as_str`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Layer {
     Egress,
     Credential,
@@ -13,7 +14,7 @@ pub enum Layer {
 }
 
 impl Layer {
-    /// Every layer, in [`super::LAYERS`]' order.
+    /// Every layer, in `policy::LAYERS`' order.
     pub const ALL: [Layer; 6] = [
         Layer::Egress,
         Layer::Credential,
@@ -43,13 +44,18 @@ impl std::fmt::Display for Layer {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A name that is not one of the layers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown layer {0:?}; known: egress, credential, creation, provider, lifecycle, action")]
+pub struct UnknownLayer(pub String);
 
-    #[test]
-    fn every_layer_is_named_as_the_engine_knows_it() {
-        let names: Vec<&str> = Layer::ALL.iter().map(|l| l.as_str()).collect();
-        assert_eq!(names, super::super::LAYERS);
+impl std::str::FromStr for Layer {
+    type Err = UnknownLayer;
+
+    fn from_str(name: &str) -> Result<Layer, UnknownLayer> {
+        Layer::ALL
+            .into_iter()
+            .find(|l| l.as_str() == name)
+            .ok_or_else(|| UnknownLayer(name.to_string()))
     }
 }
