@@ -242,3 +242,7 @@ pub(crate) fn placeholder_in_destination(port: u16) -> Error {
         ..Details::default()
     })
 }
+
+#[cfg(test)]
+#[path = "decision_tests.rs"]
+mod tests;

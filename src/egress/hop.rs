@@ -89,3 +89,7 @@ fn same_destination(authority: &str, target: &Target) -> Result<(), Error> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "hop_tests.rs"]
+mod tests;
