@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -28,7 +28,7 @@ use super::extract::Path;
 use super::ApiState;
 use crate::create::events::{next_events, Cursor, ProgressEvent, POLL_INTERVAL};
 use crate::create::Coordinator;
-use crate::error::{Error, Kind};
+use crate::error::{Error, Kind, Retry};
 
 /// How often an idle stream sends a keep-alive comment (so proxies and the client's read
 /// timeout do not cut a quiet stream).
@@ -66,17 +66,14 @@ fn not_found(id: &str) -> Response {
 }
 
 fn rate_limited(max: usize) -> Response {
-    let mut response = Error::new(
+    Error::new(
         Kind::RateLimited,
         "rate_limited",
         "too many event streams are open on this gateway; retry shortly",
     )
     .limit(max as u64)
-    .into_response();
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    response
+    .retry(Retry::After(Duration::from_secs(1)))
+    .into_response()
 }
 
 /// The cursor `Last-Event-ID` names (none: from the start).

@@ -10,7 +10,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::{header, HeaderValue, Method, Request, Response};
 use hyper::body::Incoming;
@@ -27,7 +27,7 @@ use super::state::{next_request_id, EgressState};
 use super::target::{split_authority, Target};
 use super::{forward, tunnel};
 use crate::credentials::scan;
-use crate::error::{Error, Kind};
+use crate::error::{Error, Kind, Retry};
 use crate::identity::Identity;
 use crate::net::ResolveError;
 use crate::policy::input::{destination_value, egress_input, Destination};
@@ -206,11 +206,7 @@ async fn connect(
         let error = too_many_tunnels(&target, max);
         outcome.deny(&error, vec![error.message.clone()]);
         record(&state, &target, outcome, started);
-        let mut response = reply(&error);
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return response;
+        return reply(&error);
     };
     record(&state, &target, outcome, started);
     let hold = hold.with_tunnel(tunnel_slot);
@@ -274,4 +270,5 @@ fn too_many_tunnels(target: &Target, max: usize) -> Error {
         ),
     )
     .limit(max as u64)
+    .retry(Retry::After(Duration::from_secs(1)))
 }

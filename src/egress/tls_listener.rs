@@ -27,7 +27,7 @@ use super::accept::{admit, next_client, serve_client, SHED_MESSAGE};
 use super::body::reply;
 use super::limits::Hold;
 use super::state::EgressState;
-use crate::error::{Error, Kind};
+use crate::error::{Error, Kind, Retry};
 
 /// How long a shed client gets, after its handshake, to send the request it is refused.
 const SHED_ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -114,13 +114,14 @@ async fn shed(stream: TlsStream<TcpStream>, peer: SocketAddr) {
 }
 
 fn overloaded() -> http::Response<super::ProxyBody> {
-    let mut response = reply(&Error::new(
+    let error = Error::new(
         Kind::Unavailable,
         "overloaded",
         format!("{SHED_MESSAGE}; retry shortly"),
-    ));
+    )
+    .retry(Retry::After(Duration::from_secs(1)));
+    let mut response = reply(&error);
     let headers = response.headers_mut();
-    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::error::{Error, Kind};
+use crate::error::{Error, Kind, Retry};
 
 /// Answers 503 `overloaded` with `message` and closes; gives up after two seconds.
 pub async fn overloaded(mut stream: TcpStream, message: &'static str) {
@@ -14,7 +14,8 @@ pub async fn overloaded(mut stream: TcpStream, message: &'static str) {
         Kind::Unavailable,
         "overloaded",
         format!("{message}; retry shortly"),
-    );
+    )
+    .retry(Retry::After(Duration::from_secs(1)));
     let body =
         serde_json::to_vec(&serde_json::json!({"error": error.record()})).unwrap_or_default();
     let head = format!(
