@@ -229,9 +229,13 @@ impl DecisionLog {
             }
         };
         let (tx, mut rx) = mpsc::channel::<Entry>(65_536);
+        let scope = crate::telemetry::MetricsScope::current();
         std::thread::Builder::new()
             .name("sandgate-decision-log".into())
             .spawn(move || {
+                if let Some(scope) = scope {
+                    scope.enter();
+                }
                 while let Some(record) = rx.blocking_recv() {
                     let mut line = record.to_json().unwrap_or_default();
                     line.push(b'\n');

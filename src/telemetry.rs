@@ -1,6 +1,7 @@
 //! Diagnostic logging (tracing, to stderr so stdout stays the decision log) and the
-//! process-wide Prometheus recorder.
+//! Prometheus recorder: the process-wide one, or a [`MetricsScope`] of one gateway's own.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -43,28 +44,99 @@ fn spawn_upkeep(handle: PrometheusHandle) {
     }
 }
 
-/// The Prometheus handle; the recorder is global, so every server in a process shares it.
+/// The Prometheus handle of the current [`MetricsScope`], else the process-wide recorder's
+/// (made and installed on first use): a server takes it when it starts, so its `/metrics`
+/// shows what its own threads record.
 pub fn metrics_handle() -> PrometheusHandle {
+    match MetricsScope::current() {
+        Some(scope) => scope.0.handle.clone(),
+        None => global_handle(),
+    }
+}
+
+fn global_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            // Policy evaluation is microseconds: buckets around the 10 µs target make it a
-            // real histogram (quantiles need no client-side state and aggregate).
-            let builder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    Matcher::Full("sandgate_policy_eval_seconds".into()),
-                    &[
-                        1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 1e-1,
-                    ],
-                )
-                .unwrap_or_else(|_| PrometheusBuilder::new());
-            let recorder = builder.build_recorder();
+            let recorder = builder().build_recorder();
             let handle = recorder.handle();
             let _ = metrics::set_global_recorder(recorder);
             spawn_upkeep(handle.clone());
             handle
         })
         .clone()
+}
+
+fn builder() -> PrometheusBuilder {
+    // Policy evaluation is microseconds: buckets around the 10 µs target make it a real
+    // histogram (quantiles need no client-side state and aggregate).
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("sandgate_policy_eval_seconds".into()),
+            &[
+                1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 1e-1,
+            ],
+        )
+        .unwrap_or_else(|_| PrometheusBuilder::new())
+}
+
+/// One gateway's own recorder, for processes that run several gateways (the integration
+/// tests, each asserting exact values of its gateway's metrics while others run beside it).
+///
+/// A thread that entered a scope records there instead of the process-wide recorder (the
+/// `metrics` crate's thread-local recorder); every thread sandgate starts for a gateway (the
+/// proxy's workers, the decision-log writer, blocking work) enters the scope of the thread that
+/// started it, so a gateway started inside a scope records nowhere else. `sandgate serve` never
+/// makes one: a process is one gateway, and its recorder is the process-wide one.
+#[derive(Clone, Copy)]
+pub struct MetricsScope(&'static Scope);
+
+struct Scope {
+    recorder: metrics_exporter_prometheus::PrometheusRecorder,
+    handle: PrometheusHandle,
+}
+
+thread_local! {
+    static CURRENT: Cell<Option<MetricsScope>> = const { Cell::new(None) };
+}
+
+impl MetricsScope {
+    /// A new, empty recorder. It lives as long as the process (a handful per test run): a
+    /// scope is entered for a thread's whole life, which needs a `'static` recorder.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> MetricsScope {
+        let recorder = builder().build_recorder();
+        let handle = recorder.handle();
+        MetricsScope(Box::leak(Box::new(Scope { recorder, handle })))
+    }
+
+    /// The scope this thread records in, if any.
+    pub fn current() -> Option<MetricsScope> {
+        CURRENT.with(Cell::get)
+    }
+
+    /// This thread records in the scope from now until it ends (for threads a gateway owns).
+    pub fn enter(self) {
+        CURRENT.with(|c| c.set(Some(self)));
+        // Forgotten on purpose: the guard would put the previous recorder back on drop,
+        // and this thread belongs to the scope for the rest of its life.
+        std::mem::forget(metrics::set_default_local_recorder(&self.0.recorder));
+    }
+
+    /// Runs `f` in `scope` (none: as the thread is), then puts the thread back as it was:
+    /// for pooled threads that run one gateway's work now and another's later.
+    pub fn run_in<T>(scope: Option<MetricsScope>, f: impl FnOnce() -> T) -> T {
+        let Some(scope) = scope else { return f() };
+        let previous = CURRENT.with(|c| c.replace(Some(scope)));
+        let result = metrics::with_local_recorder(&scope.0.recorder, f);
+        CURRENT.with(|c| c.set(previous));
+        result
+    }
+
+    /// What the scope's `/metrics` would show.
+    pub fn render(self) -> String {
+        self.0.handle.render()
+    }
 }
 
 /// A gauge that counts something live for exactly as long as this value lives, so it is
@@ -108,5 +180,44 @@ impl Default for LogConfig {
             level: "info".into(),
             full_argv: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod scope_tests {
+    use super::MetricsScope;
+
+    fn counted(text: &str, name: &str) -> Option<u64> {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    #[test]
+    fn each_scope_counts_only_what_its_threads_record() {
+        let (a, b) = (MetricsScope::new(), MetricsScope::new());
+        let worker = std::thread::spawn(move || {
+            a.enter();
+            metrics::counter!("sandgate_scope_test_total").increment(2);
+            // A thread the scope's thread starts, as sandgate starts its workers.
+            let inherited = MetricsScope::current();
+            std::thread::spawn(move || {
+                inherited.unwrap().enter();
+                metrics::counter!("sandgate_scope_test_total").increment(3);
+            })
+            .join()
+            .unwrap();
+        });
+        worker.join().unwrap();
+        MetricsScope::run_in(Some(b), || {
+            metrics::counter!("sandgate_scope_test_total").increment(7);
+        });
+        assert!(
+            MetricsScope::current().is_none(),
+            "run_in puts the thread back"
+        );
+        assert_eq!(counted(&a.render(), "sandgate_scope_test_total"), Some(5));
+        assert_eq!(counted(&b.render(), "sandgate_scope_test_total"), Some(7));
     }
 }

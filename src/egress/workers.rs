@@ -65,9 +65,14 @@ pub fn start(
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        // The worker records where the gateway that starts it records (its metrics scope).
+        let scope = crate::telemetry::MetricsScope::current();
         let thread = std::thread::Builder::new()
             .name(format!("proxy-worker-{index}"))
             .spawn(move || {
+                if let Some(scope) = scope {
+                    scope.enter();
+                }
                 runtime.block_on(async move {
                     let listener = match TcpListener::from_std(listener) {
                         Ok(listener) => listener,

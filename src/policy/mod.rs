@@ -486,7 +486,11 @@ impl PolicyEngine {
                 let Some(engine) = engine.upgrade() else {
                     return;
                 };
-                let _ = tokio::task::spawn_blocking(move || engine.reload_if_changed()).await;
+                let scope = crate::telemetry::MetricsScope::current();
+                let _ = tokio::task::spawn_blocking(move || {
+                    crate::telemetry::MetricsScope::run_in(scope, || engine.reload_if_changed())
+                })
+                .await;
             }
         })
     }

@@ -5,9 +5,9 @@
 //!
 //! The property: every request gets an HTTP answer (whatever its status), nothing panics
 //! (`sandgate_proxy_panics_total` stays 0), and once the clients are gone the connection and
-//! tunnel gauges are back to zero. The gauges are process-wide and every integration test
-//! shares this process, so the test runs itself again alone in a child process
-//! (`common::run_alone`): no other gateway moves them meanwhile.
+//! tunnel gauges are back to zero. Every integration test shares this process, so the
+//! gateway gets a recorder of its own (`common::own_metrics`): no other gateway moves its
+//! gauges meanwhile.
 
 use std::time::{Duration, Instant};
 
@@ -234,12 +234,14 @@ async fn h2_case(gw: &Gateway, port: u16, case: &Case) -> Result<(), String> {
 
 #[test]
 fn hostile_bytes_always_get_an_answer_and_leave_no_trace() {
-    // The proxy's gauges and panic counter are process-wide: alone, no other test's
-    // connections count.
-    if run_alone("egress_fuzz::hostile_bytes_always_get_an_answer_and_leave_no_trace") {
-        return;
-    }
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // The proxy's gauges and panic counter have no label of their own: with its own
+    // recorder, no other test's connections count.
+    let metrics = own_metrics();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_start(move || metrics.enter())
+        .build()
+        .unwrap();
     let (gw, port, _ca, _dir) = runtime.block_on(async {
         init();
         let ca = TestCa::new();

@@ -3,8 +3,8 @@
 //!
 //! The tests share one process: the Prometheus recorder (`sandgate::telemetry::metrics_handle`),
 //! the tracing subscriber `common::capture_logs` installs and the process's environment are
-//! global. A test that asserts an exact value of an unlabelled, process-wide metric runs
-//! itself again alone in a child process (`common::run_alone`).
+//! global. A test that asserts an exact value of an unlabelled metric gives its gateway a
+//! recorder of its own (`common::own_metrics`, a `sandgate::telemetry::MetricsScope`).
 
 mod common;
 

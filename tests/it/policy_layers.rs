@@ -88,10 +88,9 @@ fn assert_opa_shape(record: &Value, layer: &str) {
 /// result; egress keeps one record per decision (the proxy's), now also in the OPA shape.
 #[tokio::test]
 async fn creation_and_provider_decisions_are_logged_in_the_opa_shape() {
-    // The decision counters are process-wide: alone, every series below is this test's.
-    if run_alone("policy_layers::creation_and_provider_decisions_are_logged_in_the_opa_shape") {
-        return;
-    }
+    // The decision counters count every gateway's decisions: with its own recorder, every
+    // series below is this test's.
+    let _metrics = own_metrics();
     let gw = Gateway::start(GatewayOptions {
         extra_toml: sandbox_config(),
         extra_policies: vec![(

@@ -886,39 +886,19 @@ pub fn capture_logs() {
     });
 }
 
-/// Runs the test at `path` in this binary (e.g. `"sandboxes::expiry"`) again, alone, in a
-/// child process, and returns true once it passed there; inside that child it returns false,
-/// so the test goes on with its body. The caller returns when it gets true:
+/// Gives this test's gateways their own metrics: from now on this thread, and every thread a
+/// gateway started here starts, records into a new recorder, and those gateways' `/metrics`
+/// show only what they did. For a test that asserts an exact value of a metric no label of
+/// its own tells apart (connections open now, sandboxes expired so far): every integration
+/// test shares this process, and the process-wide recorder counts all of them.
 ///
-/// ```ignore
-/// if run_alone("sandboxes::expiry") {
-///     return;
-/// }
-/// ```
-///
-/// Every integration test shares this process, and the Prometheus recorder is global
-/// (`sandgate::telemetry::metrics_handle`): a test that asserts an exact value of a metric
-/// no label of its own tells apart (connections open now, sandboxes expired so far) would
-/// count what other tests did meanwhile. Alone in a process it counts only its own.
-pub fn run_alone(path: &str) -> bool {
-    const ALONE: &str = "SANDGATE_TEST_ALONE";
-    if std::env::var(ALONE).is_ok_and(|v| v == path) {
-        return false;
-    }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([path, "--exact", "--test-threads=1", "--nocapture"])
-        .env(ALONE, path)
-        .output()
-        .expect("the test binary runs again");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    print!("{stdout}");
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{path} failed alone: {}", out.status);
-    assert!(
-        stdout.contains("test result: ok. 1 passed"),
-        "{path} did not run alone"
-    );
-    true
+/// Call it first, on the thread the test's runtime runs on (`#[tokio::test]`'s default
+/// runtime runs every task there; a multi-thread runtime enters the scope on each of its
+/// threads with `on_thread_start`).
+pub fn own_metrics() -> sandgate::telemetry::MetricsScope {
+    let scope = sandgate::telemetry::MetricsScope::new();
+    scope.enter();
+    scope
 }
 
 /// A child process (a Python fake) killed when dropped.
