@@ -133,12 +133,25 @@ async fn official_python_sdk_accepts_the_fake() {
     );
     assert_eq!(
         fake.sandboxes().len(),
-        1,
-        "one idempotency key, one sandbox"
+        2,
+        "one idempotency key, one sandbox (and a restore)"
     );
     assert_eq!(
         fake.create_log(),
-        vec![CreateOutcome::Ok, CreateOutcome::Replayed]
+        vec![
+            CreateOutcome::Ok,
+            CreateOutcome::Replayed,
+            CreateOutcome::Ok
+        ]
+    );
+    let restored = fake.sandbox(report["restored"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        restored.checkpoint_id.as_deref(),
+        report["checkpoint"].as_str()
+    );
+    assert!(
+        fake.checkpoints().is_empty(),
+        "the SDK deleted its checkpoint"
     );
     let requests = fake.requests();
     for path in [
@@ -545,6 +558,24 @@ async fn exec_files_list_and_delete() {
         .unwrap_err();
     assert_eq!(escape.kind, OpErrorKind::Invalid, "{escape}");
 
+    // A checkpoint seeds a new sandbox (checkpoint_id, no image or disk), then goes.
+    let snap = provider.snapshot(&id).await.unwrap();
+    assert!(snap.size_bytes > 0, "{snap:?}");
+    let mut restore = spec("sb-r", "sb-r-a1", None);
+    restore.snapshot = Some(snap.id.clone());
+    let restored = provider.create(restore).await.unwrap();
+    let sandbox = fake.sandbox(&restored.id).unwrap();
+    assert_eq!(sandbox.checkpoint_id.as_deref(), Some(snap.id.as_str()));
+    assert!(sandbox.request["docker_image"].is_null() && sandbox.request["disk_size_gb"].is_null());
+    assert_eq!(
+        provider.read_file(&restored.id, "notes.txt").await.unwrap(),
+        b"text file\n"
+    );
+    provider.delete(&restored.id).await.unwrap();
+    provider.delete_snapshot(&snap.id).await.unwrap();
+    provider.delete_snapshot(&snap.id).await.unwrap();
+    assert!(fake.checkpoints().is_empty());
+
     // Capabilities, list_by_tag, get.
     let caps = provider.capabilities(&id).await.unwrap();
     assert!(caps.process_execute && caps.process_ordered_output && caps.process_cancel);
@@ -678,13 +709,13 @@ async fn failures_are_classified_as_documented() {
         wrong.check().await.unwrap_err().class,
         ErrorClass::UnboundAccount
     );
-    // A snapshot restores as checkpoint_id, with no image or disk.
+    // A checkpoint that is not on the account: unsupported, nothing made.
     let mut restore = spec("sb-s", "s1", None);
-    restore.snapshot = Some("ckpt-1".into());
-    let restored = provider.create(restore).await.unwrap();
-    let sandbox = fake.sandbox(&restored.id).unwrap();
-    assert_eq!(sandbox.checkpoint_id.as_deref(), Some("ckpt-1"));
-    assert!(sandbox.docker_image.is_none() && sandbox.request["disk_size_gb"].is_null());
+    restore.snapshot = Some("ckpt-missing".into());
+    let live = fake.live_count();
+    let e = provider.create(restore).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::Unsupported, "{e}");
+    assert_eq!(fake.live_count(), live);
     // A template Prime has not: unsupported before any call.
     let mut template = spec("sb-t", "t1", None);
     template.request = Arc::new(sandgate_router::Request {

@@ -114,6 +114,19 @@ def main():
     seen = client.execute_command(sandbox.id, "cat /root/contract.txt")
     check(seen.stdout == "written by the SDK\n", "a command sees the uploaded file")
 
+    # A checkpoint: durable, then restored into a new sandbox, then deleted.
+    ckpt = client.checkpoint(sandbox.id)
+    durable = client.wait_for_checkpoint(ckpt.id, timeout_seconds=30)
+    check(durable.state == "DURABLE" and durable.sandbox_id == sandbox.id, f"checkpoint {durable}")
+    restored = client.create(
+        CreateSandboxRequest(name=f"restored-{run}", checkpoint_id=ckpt.id, labels=[f"run={run}-r"])
+    )
+    client.wait_for_creation(restored.id, max_attempts=30)
+    again_read = client.read_file(restored.id, "/root/contract.txt")
+    check(again_read.content == "written by the SDK\n", "restored from the checkpoint")
+    client.delete(restored.id)
+    client.delete_checkpoint(ckpt.id)
+
     # Listing by label, the egress policy.
     listed = client.list(labels=[f"run={run}"])
     check([s.id for s in listed.sandboxes] == [sandbox.id], f"list by label {listed}")
@@ -142,7 +155,14 @@ def main():
     active = client.list(labels=[f"run={run}"], exclude_terminated=True)
     check(active.total == 0, "a deleted sandbox is not active")
 
-    report = {"sdk": version, "run": run, "sandbox": sandbox.id, "key": key}
+    report = {
+        "sdk": version,
+        "run": run,
+        "sandbox": sandbox.id,
+        "key": key,
+        "restored": restored.id,
+        "checkpoint": ckpt.id,
+    }
     print("CONTRACT OK " + json.dumps(report))
 
 

@@ -42,6 +42,11 @@
 //!   (`exit_code`). Cancel and the spec's timeout send `CommandSession/SendSignal` SIGKILL
 //!   to that session. Files: `GET /download?path=&sandbox_id=` (bytes; 404 absent) and
 //!   `POST /upload?path=&sandbox_id=` (multipart `file`).
+//! - Snapshot: `POST /api/v1/sandbox/{id}/checkpoints`, polled (`GET
+//!   /api/v1/sandbox/checkpoints/{cid}`) until `DURABLE`; its id restores as `checkpoint_id`;
+//!   deleted with `DELETE /api/v1/sandbox/checkpoints/{cid}` (404: already gone). Prime has
+//!   no pause/resume, stop/start or lifetime extension: a sandbox ends after the account's
+//!   `timeout_minutes` whatever sandgate's lifetime says.
 //! - Failures are classified by one table ([`ERRORS`], applied by [`classify`]).
 //!
 //! Files: this one holds the account, the control-plane calls and the failure table;

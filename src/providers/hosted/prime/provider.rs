@@ -1,20 +1,24 @@
 //! The [`Provider`] implementation for Prime Intellect: the coordinator's calls (create,
-//! get, list by tag, delete, adopt) and the sandbox operations (exec, files), each mapped
+//! get, list by tag, delete, adopt) and the sandbox operations (exec, files, checkpoints as
+//! snapshots), each mapped
 //! onto the API as the module docs of `prime` describe.
+
+use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::Value;
 
-use super::wire::{filter_labels, instance_of, live, SandboxList, SandboxView};
-use super::{lockdown, provider_error, Prime, CA_PATH, ERRORS};
+use super::wire::{filter_labels, instance_of, live, CheckpointView, SandboxList, SandboxView};
+use super::{lockdown, op_error, provider_error, Prime, CA_PATH, ERRORS};
 use crate::ops::{ExecSpec, ExecStream};
 use crate::providers::hosted::errors::failed_before_running;
-use crate::providers::hosted::http::HttpFailure;
+use crate::providers::hosted::http::{absent_ok, path_segment, HttpFailure};
 use crate::providers::hosted::lockdown::ca_not_installed;
+use crate::providers::hosted::poll::{self, Pace, Seen, Waited};
 use crate::providers::hosted::tags::{self, TagFilter};
 use crate::providers::{
-    BoxFuture, CreateSpec, Instance, InstanceState, OpError, Provider, ProviderError, RemoteEgress,
-    RuntimeCapabilities,
+    BoxFuture, CreateSpec, Instance, InstanceState, OpError, OpErrorKind, Provider, ProviderError,
+    RemoteEgress, RuntimeCapabilities, SnapshotInfo,
 };
 
 impl Provider for Prime {
@@ -186,6 +190,24 @@ impl Provider for Prime {
         Box::pin(self.download(instance_id, path))
     }
 
+    fn snapshot<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<SnapshotInfo, OpError>> {
+        Box::pin(self.checkpoint(instance_id))
+    }
+
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move {
+            let path = format!("/api/v1/sandbox/checkpoints/{}", path_segment(snapshot_id));
+            let result = self
+                .http
+                .send_idempotent(|| self.http.request(Method::DELETE, &path))
+                .await;
+            absent_ok(result).map(|_| ()).map_err(op_error)
+        })
+    }
+
     fn write_file<'a>(
         &'a self,
         instance_id: &'a str,
@@ -197,6 +219,51 @@ impl Provider for Prime {
 }
 
 impl Prime {
+    /// `POST /api/v1/sandbox/{id}/checkpoints`, then polled until `DURABLE` (only a durable
+    /// checkpoint can be restored); `FAILED` or `DELETING` is a provider failure.
+    async fn checkpoint(&self, id: &str) -> Result<SnapshotInfo, OpError> {
+        let path = format!("/api/v1/sandbox/{}/checkpoints", path_segment(id));
+        let request = self.http.request(Method::POST, &path);
+        let response = self.http.send(request).await.map_err(op_error)?;
+        let first: CheckpointView = self.http.json(response).await.map_err(op_error)?;
+        let path = format!("/api/v1/sandbox/checkpoints/{}", path_segment(&first.id));
+        let fetch = || async {
+            let build = || self.http.request(Method::GET, &path);
+            match self.http.send_idempotent(build).await {
+                Ok(response) => self.http.json(response).await.map_err(op_error),
+                Err(f) => Err(op_error(f)),
+            }
+        };
+        let judge = |c: CheckpointView| match c.state.as_str() {
+            "DURABLE" => Seen::Ready(c),
+            "FAILED" | "DELETING" => Seen::Stop(OpError::new(
+                OpErrorKind::Provider,
+                format!(
+                    "prime-intellect checkpoint {} became {}: {}",
+                    c.id,
+                    c.state,
+                    c.error.unwrap_or_default()
+                ),
+            )),
+            other => Seen::Waiting(other.to_string()),
+        };
+        let deadline = Instant::now() + self.account.boot_timeout;
+        let pace = Pace::growing(Duration::from_millis(200), Duration::from_secs(2));
+        let done = poll::until(deadline, pace, Some(first), judge, fetch)
+            .await
+            .map_err(|waited| match waited {
+                Waited::Stopped(e) => e,
+                Waited::TimedOut(state) => OpError::new(
+                    OpErrorKind::Provider,
+                    format!("prime-intellect checkpoint was still {state}"),
+                ),
+            })?;
+        Ok(SnapshotInfo {
+            id: done.id,
+            size_bytes: done.occupied_bytes.or(done.stored_bytes).unwrap_or(0),
+        })
+    }
+
     /// One page of `GET /api/v1/sandbox` with the filter's labels, live sandboxes only.
     async fn sandbox_page(&self, labels: &[String], page: u64) -> Result<SandboxList, HttpFailure> {
         let build = || {

@@ -67,6 +67,19 @@ impl GatewayAuth {
     }
 }
 
+/// A filesystem checkpoint (`/api/v1/sandbox/{id}/checkpoints`, snake_case on the wire).
+#[derive(Debug, Deserialize)]
+pub(super) struct CheckpointView {
+    pub(super) id: String,
+    pub(super) state: String,
+    #[serde(default)]
+    pub(super) stored_bytes: Option<u64>,
+    #[serde(default)]
+    pub(super) occupied_bytes: Option<u64>,
+    #[serde(default)]
+    pub(super) error: Option<String>,
+}
+
 /// Live states (everything but the three terminal ones).
 pub(super) fn live(status: &str) -> bool {
     !matches!(status, "ERROR" | "TERMINATED" | "TIMEOUT")

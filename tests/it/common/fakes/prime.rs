@@ -25,7 +25,10 @@
 //!   perPage, hasNext}`, newest first), `GET|DELETE /sandbox/{id}` (404 unknown; a deleted
 //!   sandbox stays visible as `TERMINATED`), `POST /sandbox/status:batchGet`,
 //!   `POST /sandbox/{id}/auth`, `GET /sandbox/{id}/egress-policy`,
-//!   `GET /sandbox/{id}/error-context`. States `PENDING` → `PROVISIONING` → `RUNNING` (each
+//!   `GET /sandbox/{id}/error-context`, checkpoints (`POST /sandbox/{id}/checkpoints` copies
+//!   a running sandbox's files, `PENDING` then `DURABLE`; `GET|DELETE
+//!   /sandbox/checkpoints/{cid}`, `POST /sandbox/checkpoints:batchGet`; a create with a
+//!   durable `checkpoint_id` starts from its files). States `PENDING` → `PROVISIONING` → `RUNNING` (each
 //!   half of `boot_delay`); a scripted `failed_before_running` boots into `ERROR`.
 //! - Gateway `/gw/{user_ns}/{job_id}/...` with the sandbox's token (`Bearer`, from `auth`):
 //!   `command_session.CommandSession/Start` (Connect server stream,
@@ -46,7 +49,7 @@
 //!   requests seen ([`SeenRequest`], no secrets), the commands run, files.
 //!
 //! Deliberately not implemented: isolation and egress enforcement (lists are validated and
-//! recorded), stdin, PTYs, background jobs, checkpoints' contents, LAN networks, volumes,
+//! recorded), stdin, PTYs, background jobs, LAN networks, volumes,
 //! images, SSH, logs, timeouts ending a sandbox.
 
 // Handlers answer a ready `Reply` as their error: its size does not matter in a test fake.
@@ -306,6 +309,11 @@ impl FakePrime {
         Some(self.sandbox(id)?.environment_vars)
     }
 
+    /// Ids of the checkpoints the fake holds.
+    pub fn checkpoints(&self) -> Vec<String> {
+        self.shared.lock().checkpoints.keys().cloned().collect()
+    }
+
     pub fn commands(&self) -> Vec<FakeCommand> {
         self.shared.lock().commands.clone()
     }
@@ -390,10 +398,50 @@ struct Inner {
     by_key: HashMap<String, String>,
     /// Gateway tokens to sandbox ids.
     tokens: HashMap<String, String>,
+    checkpoints: HashMap<String, Checkpoint>,
     /// Running command sessions (`session_uuid`) to their process group.
     running: HashMap<String, u32>,
     commands: Vec<FakeCommand>,
     seen: Vec<SeenRequest>,
+}
+
+/// A filesystem checkpoint: a copy of its sandbox's files, `PENDING` for half of
+/// `boot_delay`, then `DURABLE`.
+struct Checkpoint {
+    sandbox_id: String,
+    image: Option<String>,
+    root: PathBuf,
+    since: Instant,
+    created: String,
+}
+
+impl Checkpoint {
+    fn state(&self, config: &FakePrimeConfig) -> &'static str {
+        if self.since.elapsed() < config.boot_delay / 2 {
+            "PENDING"
+        } else {
+            "DURABLE"
+        }
+    }
+
+    fn json(&self, id: &str, config: &FakePrimeConfig) -> Value {
+        let size = dir_size(&self.root);
+        json!({
+            "id": id,
+            "sandbox_id": self.sandbox_id,
+            "parent_id": null,
+            "team_id": null,
+            "state": self.state(config),
+            "depth": 0,
+            "docker_image": self.image.clone().unwrap_or_default(),
+            "disk_size_bytes": size,
+            "stored_bytes": size,
+            "occupied_bytes": size,
+            "error": null,
+            "created_at": self.created,
+            "updated_at": self.created,
+        })
+    }
 }
 
 struct Entry {
@@ -573,6 +621,20 @@ async fn api_route(shared: &Arc<Shared>, req: &Req) -> Result<Reply, io::Error> 
         (&Method::POST, ["api", "v1", "sandbox"]) => return create(shared, req).await,
         (&Method::GET, ["api", "v1", "sandbox"]) => list(shared, req),
         (&Method::POST, ["api", "v1", "sandbox", "status:batchGet"]) => batch_status(shared, req),
+        (&Method::POST, ["api", "v1", "sandbox", "checkpoints:batchGet"]) => {
+            batch_checkpoints(shared, req)
+        }
+        (&Method::GET, ["api", "v1", "sandbox", "checkpoints", cid]) => {
+            let inner = shared.lock();
+            match inner.checkpoints.get(*cid) {
+                Some(c) => json_reply(200, &c.json(cid, &shared.config)),
+                None => detail(404, format!("Checkpoint {cid} not found")),
+            }
+        }
+        (&Method::DELETE, ["api", "v1", "sandbox", "checkpoints", cid]) => {
+            delete_checkpoint(shared, cid)
+        }
+        (&Method::POST, ["api", "v1", "sandbox", id, "checkpoints"]) => checkpoint(shared, id)?,
         (&Method::GET, ["api", "v1", "sandbox", id]) => {
             with_entry(shared, id, |e| json_reply(200, &e.json()))
         }
@@ -800,9 +862,31 @@ async fn create(shared: &Arc<Shared>, req: &Req) -> Result<Reply, io::Error> {
             CreateOutcome::Outage => return Ok(detail(502, "Bad Gateway")),
             _ => {}
         }
+        let from = match &view.checkpoint_id {
+            Some(cid) => match inner.checkpoints.get(cid) {
+                Some(c) if c.state(&shared.config) == "DURABLE" => {
+                    view.docker_image = c.image.clone();
+                    Some(c.root.clone())
+                }
+                Some(_) => {
+                    inner.create_log.pop();
+                    inner.create_log.push(CreateOutcome::Rejected);
+                    return Ok(detail(409, format!("Checkpoint {cid} is not durable yet")));
+                }
+                None => {
+                    inner.create_log.pop();
+                    inner.create_log.push(CreateOutcome::Rejected);
+                    return Ok(detail(404, format!("Checkpoint {cid} not found")));
+                }
+            },
+            None => None,
+        };
         id = random_alnum(24).to_lowercase();
         let root = shared.base.join(&id);
-        std::fs::create_dir_all(root.join("root"))?;
+        match from {
+            Some(from) => copy_dir(&from, &root)?,
+            None => std::fs::create_dir_all(root.join("root"))?,
+        }
         view.id = id.clone();
         view.root = root;
         view.outcome = outcome;
@@ -939,6 +1023,66 @@ fn delete(shared: &Shared, id: &str) -> Reply {
         }
     }
     json_reply(200, &json!({"success": true, "message": "Sandbox deleted"}))
+}
+
+/// `POST /sandbox/{id}/checkpoints`: copies the running sandbox's files.
+fn checkpoint(shared: &Shared, id: &str) -> io::Result<Reply> {
+    let mut inner = shared.lock();
+    let Some(e) = inner.sandboxes.get_mut(id) else {
+        return Ok(detail(404, format!("Sandbox {id} not found")));
+    };
+    e.advance(&shared.config);
+    if e.view.status != "RUNNING" {
+        return Ok(detail(409, format!("Sandbox {id} is {}", e.view.status)));
+    }
+    let (from, image) = (e.view.root.clone(), e.view.docker_image.clone());
+    let cid = format!("ckpt_{}", random_alnum(20));
+    let root = shared.base.join(&cid);
+    copy_dir(&from, &root)?;
+    let c = Checkpoint {
+        sandbox_id: id.to_string(),
+        image,
+        root,
+        since: Instant::now(),
+        created: now_rfc3339(),
+    };
+    let reply = json_reply(200, &c.json(&cid, &shared.config));
+    inner.checkpoints.insert(cid, c);
+    Ok(reply)
+}
+
+fn batch_checkpoints(shared: &Shared, req: &Req) -> Reply {
+    let body = match req.json() {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let Some(ids) = body["checkpoint_ids"].as_array() else {
+        return detail(422, "checkpoint_ids is required");
+    };
+    let inner = shared.lock();
+    let (mut found, mut errors) = (Vec::new(), Vec::new());
+    for cid in ids.iter().filter_map(Value::as_str) {
+        match inner.checkpoints.get(cid) {
+            Some(c) => found.push(c.json(cid, &shared.config)),
+            None => errors
+                .push(json!({"checkpoint_id": cid, "code": "NOT_FOUND", "message": "not found"})),
+        }
+    }
+    json_reply(200, &json!({"checkpoints": found, "errors": errors}))
+}
+
+fn delete_checkpoint(shared: &Shared, cid: &str) -> Reply {
+    let mut inner = shared.lock();
+    match inner.checkpoints.get(cid).map(|c| c.state(&shared.config)) {
+        None => detail(404, format!("Checkpoint {cid} not found")),
+        Some("PENDING") => detail(409, format!("Checkpoint {cid} is pending")),
+        Some(_) => {
+            if let Some(c) = inner.checkpoints.remove(cid) {
+                let _ = std::fs::remove_dir_all(c.root);
+            }
+            json_reply(200, &json!({}))
+        }
+    }
 }
 
 fn new_token(inner: &mut Inner, id: &str) -> String {
@@ -1508,6 +1652,36 @@ fn multipart(body: &[u8], boundary: &str) -> Vec<(String, Vec<u8>)> {
         }
     }
     out
+}
+
+fn copy_dir(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.file_type() {
+                    Ok(t) if t.is_dir() => dir_size(&e.path()),
+                    Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 fn full(bytes: impl Into<Bytes>) -> Body {
