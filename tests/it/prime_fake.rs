@@ -1118,3 +1118,26 @@ account = "bad"
         "the key is never printed: {stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lifetime_beyond_primes_fixed_clock_is_reported() {
+    let fake = FakePrime::start(FakePrimeConfig::default()).await;
+    let provider = adapter(&fake, &[("timeout_minutes", "30")]);
+    let instance = provider
+        .create(spec("sb-l", "sb-l-a1", None))
+        .await
+        .unwrap();
+    assert_eq!(
+        fake.sandbox(&instance.id).unwrap().request["timeout_minutes"],
+        30
+    );
+    for fits in [None, Some(Duration::from_secs(600))] {
+        provider.extend_lifetime(&instance.id, fits).await.unwrap();
+    }
+    let e = provider
+        .extend_lifetime(&instance.id, Some(Duration::from_secs(3600)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, OpErrorKind::Unsupported, "{e}");
+    assert!(e.message.contains("timeout_minutes"), "{e}");
+}

@@ -46,7 +46,8 @@
 //!   /api/v1/sandbox/checkpoints/{cid}`) until `DURABLE`; its id restores as `checkpoint_id`;
 //!   deleted with `DELETE /api/v1/sandbox/checkpoints/{cid}` (404: already gone). Prime has
 //!   no pause/resume, stop/start or lifetime extension: a sandbox ends after the account's
-//!   `timeout_minutes` whatever sandgate's lifetime says.
+//!   `timeout_minutes` whatever sandgate's lifetime says, so `extend_lifetime` answers
+//!   `unsupported` (logged by the liveness pass) when the lifetime outlasts that clock.
 //! - Failures are classified by one table ([`ERRORS`], applied by [`classify`]).
 //!
 //! Files: this one holds the account, the control-plane calls and the failure table;

@@ -18,7 +18,7 @@ use crate::providers::hosted::poll::{self, Pace, Seen, Waited};
 use crate::providers::hosted::tags::{self, TagFilter};
 use crate::providers::{
     BoxFuture, CreateSpec, Instance, InstanceState, OpError, OpErrorKind, Provider, ProviderError,
-    RemoteEgress, RuntimeCapabilities, SnapshotInfo,
+    RemoteEgress, RuntimeCapabilities, SnapshotInfo, LIFETIME_MARGIN,
 };
 
 impl Provider for Prime {
@@ -205,6 +205,37 @@ impl Provider for Prime {
                 .send_idempotent(|| self.http.request(Method::DELETE, &path))
                 .await;
             absent_ok(result).map(|_| ()).map_err(op_error)
+        })
+    }
+
+    /// Prime's clock is fixed at create (`timeout_minutes`; its API has no way to extend it):
+    /// a lifetime that outlasts it is reported, so the operator raises the account's
+    /// `timeout_minutes`, instead of the sandbox vanishing unannounced.
+    fn extend_lifetime<'a>(
+        &'a self,
+        instance_id: &'a str,
+        remaining: Option<Duration>,
+    ) -> BoxFuture<'a, Result<(), OpError>> {
+        Box::pin(async move {
+            let Some(remaining) = remaining else {
+                return Ok(());
+            };
+            let view = self.view(instance_id).await.map_err(op_error)?;
+            let Some(left) = view.and_then(|v| v.time_left()) else {
+                return Ok(());
+            };
+            if remaining + LIFETIME_MARGIN <= left {
+                return Ok(());
+            }
+            Err(OpError::new(
+                OpErrorKind::Unsupported,
+                format!(
+                    "prime-intellect ends this sandbox in {}s (its timeout_minutes, fixed at \
+                     create) and cannot extend it; the sandbox's lifetime asks for {}s",
+                    left.as_secs(),
+                    remaining.as_secs()
+                ),
+            ))
         })
     }
 

@@ -121,7 +121,10 @@ fn tags_travel_as_labels() {
         error_type: None,
         error_message: None,
         gateway_auth: None,
+        created_at: Some("2020-01-01T00:00:00Z".into()),
+        timeout_minutes: Some(60),
     };
+    assert_eq!(view.time_left(), Some(Duration::ZERO), "long over");
     let instance = wire::instance_of(&view);
     assert_eq!(instance.tags, tags);
     assert_eq!(instance.state, crate::providers::InstanceState::Starting);

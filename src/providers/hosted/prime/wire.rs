@@ -22,6 +22,25 @@ pub(super) struct SandboxView {
     pub(super) error_message: Option<String>,
     #[serde(default)]
     pub(super) gateway_auth: Option<GatewayAuth>,
+    #[serde(default)]
+    pub(super) created_at: Option<String>,
+    #[serde(default)]
+    pub(super) timeout_minutes: Option<u64>,
+}
+
+impl SandboxView {
+    /// How long until Prime ends the sandbox on its own clock (`createdAt` +
+    /// `timeoutMinutes`), when the answer tells; `None` for no clock (0) or an unreadable one.
+    pub(super) fn time_left(&self) -> Option<std::time::Duration> {
+        let minutes = self.timeout_minutes.filter(|m| *m > 0)?;
+        let rfc3339 = &time::format_description::well_known::Rfc3339;
+        let created = time::OffsetDateTime::parse(self.created_at.as_deref()?, rfc3339).ok()?;
+        let ends = created + time::Duration::minutes(i64::try_from(minutes).ok()?);
+        Some(
+            std::time::Duration::try_from(ends - time::OffsetDateTime::now_utc())
+                .unwrap_or_default(),
+        )
+    }
 }
 
 #[derive(Debug, Deserialize)]
