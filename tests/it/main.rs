@@ -35,6 +35,7 @@ mod policy_agreement;
 mod policy_layers;
 mod pools;
 mod postgres_gateway;
+mod prime_fake;
 mod propagation;
 mod proxy_tls;
 mod rekey;

@@ -151,6 +151,12 @@ impl ProviderHttp {
         }
     }
 
+    /// A request without the account's key, for a data plane that takes its own short-lived
+    /// token (the key is never sent to an origin the provider's answer named).
+    pub fn request_plain(&self, method: Method, url: &str) -> RequestBuilder {
+        self.client.request(method, url).timeout(self.timeout)
+    }
+
     /// Sends once; a non-success status is a failure.
     pub async fn send(&self, request: RequestBuilder) -> Result<Response, HttpFailure> {
         let response = request.send().await.map_err(|e| self.transport(e))?;

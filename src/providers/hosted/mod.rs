@@ -23,6 +23,7 @@ pub mod tags;
 
 pub mod daytona;
 pub mod e2b;
+pub mod prime;
 pub mod runloop;
 pub mod vercel;
 
@@ -36,6 +37,7 @@ pub use account::{api_key, AccountError};
 use account::{check_base_url, OptionError};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
+use prime::{Prime, PrimeAccount};
 use runloop::{Runloop, RunloopAccount};
 use vercel::{Vercel, VercelAccount};
 
@@ -46,7 +48,11 @@ use crate::providers::Provider;
 pub fn has_adapter(kind: ProviderKind) -> bool {
     matches!(
         kind,
-        ProviderKind::E2b | ProviderKind::Daytona | ProviderKind::Vercel | ProviderKind::Runloop
+        ProviderKind::E2b
+            | ProviderKind::Daytona
+            | ProviderKind::Vercel
+            | ProviderKind::Runloop
+            | ProviderKind::PrimeIntellect
     )
 }
 
@@ -89,6 +95,9 @@ pub fn build(
             RunloopAccount::from_options,
             Runloop::new,
         )?,
+        ProviderKind::PrimeIntellect => {
+            adapter(account, key, tls, PrimeAccount::from_options, Prime::new)?
+        }
         _ => return Ok(None),
     };
     Ok(Some(adapter))

@@ -3,5 +3,6 @@
 
 pub mod daytona;
 pub mod e2b;
+pub mod prime;
 pub mod runloop;
 pub mod vercel;
