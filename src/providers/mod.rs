@@ -23,7 +23,7 @@ pub use crate::ops;
 pub mod simulated;
 
 /// The hosted adapters and their HTTP layer, under [`hosted`], at their old paths.
-pub use hosted::{daytona, e2b, http, runloop, vercel};
+pub use hosted::{blaxel, daytona, e2b, http, runloop, vercel};
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;

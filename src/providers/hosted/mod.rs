@@ -1,4 +1,4 @@
-//! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop), the layer they share, and
+//! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop, Blaxel), the layer they share, and
 //! building one adapter per `[[accounts]]` entry.
 //!
 //! Contract:
@@ -21,6 +21,7 @@ pub mod lockdown;
 pub mod poll;
 pub mod tags;
 
+pub mod blaxel;
 pub mod daytona;
 pub mod e2b;
 pub mod runloop;
@@ -34,6 +35,7 @@ use sandgate_router::{AccountConfig, ProviderKind};
 pub use account::{api_key, AccountError};
 
 use account::{check_base_url, OptionError};
+use blaxel::{Blaxel, BlaxelAccount};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
 use runloop::{Runloop, RunloopAccount};
@@ -46,13 +48,22 @@ use crate::providers::Provider;
 pub fn has_adapter(kind: ProviderKind) -> bool {
     matches!(
         kind,
-        ProviderKind::E2b | ProviderKind::Daytona | ProviderKind::Vercel | ProviderKind::Runloop
+        ProviderKind::E2b
+            | ProviderKind::Daytona
+            | ProviderKind::Vercel
+            | ProviderKind::Runloop
+            | ProviderKind::Blaxel
     )
 }
 
-/// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway.
+/// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway. An
+/// adapter that does not (Blaxel: [`blaxel::LOCKS_DOWN`]) gives its sandboxes the proxy
+/// variables and the CA only: its pools are `advisory`.
 pub fn locks_to_gateway(kind: ProviderKind) -> bool {
-    has_adapter(kind)
+    match kind {
+        ProviderKind::Blaxel => blaxel::LOCKS_DOWN,
+        _ => has_adapter(kind),
+    }
 }
 
 /// The adapter for one account, or `None` when this build has none for its kind.
@@ -89,6 +100,9 @@ pub fn build(
             RunloopAccount::from_options,
             Runloop::new,
         )?,
+        ProviderKind::Blaxel => {
+            adapter(account, key, tls, BlaxelAccount::from_options, Blaxel::new)?
+        }
         _ => return Ok(None),
     };
     Ok(Some(adapter))
