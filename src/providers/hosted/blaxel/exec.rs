@@ -27,7 +27,10 @@ const MAX_LINE: usize = 16 << 20;
 /// The body of `POST /process` for `spec`, named `name`.
 pub fn process_body(spec: &ExecSpec, name: &str) -> Result<Value, OpError> {
     if spec.argv.is_empty() || spec.argv[0].is_empty() {
-        return Err(OpError::new(OpErrorKind::Invalid, "argv must name a program"));
+        return Err(OpError::new(
+            OpErrorKind::Invalid,
+            "argv must name a program",
+        ));
     }
     for key in spec.env.keys() {
         let valid = key

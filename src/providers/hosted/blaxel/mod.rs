@@ -459,7 +459,12 @@ impl Blaxel {
     }
 
     /// A data-plane request to the sandbox's own API (`path` starts with `/`).
-    async fn data(&self, name: &str, method: Method, path: &str) -> Result<RequestBuilder, OpError> {
+    async fn data(
+        &self,
+        name: &str,
+        method: Method,
+        path: &str,
+    ) -> Result<RequestBuilder, OpError> {
         let origin = self.origin(name).await?;
         Ok(self.with_headers(self.http.request_url(method, &format!("{origin}{path}"))))
     }
@@ -482,9 +487,10 @@ impl Blaxel {
         };
         let judge = |view: SandboxView| match view.status.as_str() {
             "DEPLOYED" => Seen::Ready(()),
-            "FAILED" | "TERMINATED" | "DELETING" | "DEACTIVATED" | "DEACTIVATING" => {
-                Seen::Stop((None, format!("sandbox {name} became {}{}", view.status, view.why())))
-            }
+            "FAILED" | "TERMINATED" | "DELETING" | "DEACTIVATED" | "DEACTIVATING" => Seen::Stop((
+                None,
+                format!("sandbox {name} became {}{}", view.status, view.why()),
+            )),
             other => Seen::Waiting(other.to_string()),
         };
         let deadline = Instant::now() + self.account.boot_timeout;
@@ -505,7 +511,7 @@ impl Blaxel {
     /// Writes UTF-8 text with `PUT /filesystem/{path}` `{content}` (parents are made).
     async fn write_text(&self, name: &str, path: &str, text: &str) -> Result<(), OpError> {
         let request = self
-            .data(name, Method::PUT, &filesystem_path(path))
+            .data(name, Method::PUT, &filesystem_path(path)?)
             .await?
             .json(&json!({"content": text}));
         self.http.send(request).await.map_err(op_error)?;
@@ -560,14 +566,22 @@ impl Blaxel {
 }
 
 /// `/filesystem/` + the path as the SDK appends it (each segment escaped, `/` kept, so an
-/// absolute path makes `//`).
-pub fn filesystem_path(path: &str) -> String {
-    let escaped: Vec<String> = path
-        .split('/')
-        .map(|segment| match segment {
-            "" => String::new(),
-            other => path_segment(other),
-        })
-        .collect();
-    format!("/filesystem/{}", escaped.join("/"))
+/// absolute path makes `//`). A `..` segment is refused: URL parsers resolve it (escaped or
+/// not), which would move the call out of `/filesystem` to another of the sandbox's endpoints.
+pub fn filesystem_path(path: &str) -> Result<String, OpError> {
+    let mut escaped: Vec<String> = Vec::new();
+    for segment in path.split('/') {
+        match segment {
+            ".." => {
+                return Err(OpError::new(
+                    OpErrorKind::Invalid,
+                    format!("{path:?}: a path with \"..\" is not sent to blaxel"),
+                ))
+            }
+            "" => escaped.push(String::new()),
+            "." => {}
+            other => escaped.push(path_segment(other)),
+        }
+    }
+    Ok(format!("/filesystem/{}", escaped.join("/")))
 }

@@ -10,17 +10,15 @@ use tokio::sync::mpsc;
 
 use super::exec::{follow, process_body, process_name, send_kill};
 use super::wire::{instance_of, SandboxList, SandboxView};
-use super::{
-    filesystem_path, lockdown_refusal, op_error, provider_error, Blaxel, CA_PATH, ERRORS,
-};
+use super::{filesystem_path, lockdown_refusal, op_error, provider_error, Blaxel, CA_PATH, ERRORS};
 use crate::ops::{ExecSpec, ExecStream};
 use crate::providers::hosted::errors::failed_before_running;
 use crate::providers::hosted::http::HttpFailure;
 use crate::providers::hosted::lockdown::ca_not_installed;
 use crate::providers::hosted::tags::{self, TagFilter};
 use crate::providers::{
-    BoxFuture, CreateSpec, Instance, InstanceState, OpError, Provider, ProviderError,
-    RemoteEgress, RuntimeCapabilities,
+    BoxFuture, CreateSpec, Instance, InstanceState, OpError, Provider, ProviderError, RemoteEgress,
+    RuntimeCapabilities,
 };
 
 impl Provider for Blaxel {
@@ -170,13 +168,7 @@ impl Provider for Blaxel {
             let kill = self.kill_request(instance_id, &name).await?;
             let (tx, rx) = mpsc::channel(64);
             let cancel_kill = Mutex::new(kill.try_clone());
-            let task = tokio::spawn(follow(
-                self.http.clone(),
-                response,
-                kill,
-                spec.timeout,
-                tx,
-            ));
+            let task = tokio::spawn(follow(self.http.clone(), response, kill, spec.timeout, tx));
             let http = self.http.clone();
             let cancel: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
                 task.abort();
@@ -200,16 +192,16 @@ impl Provider for Blaxel {
         path: &'a str,
     ) -> BoxFuture<'a, Result<Vec<u8>, OpError>> {
         Box::pin(async move {
-            let url = format!("{}{}", self.origin(instance_id).await?, filesystem_path(path));
+            let url = format!(
+                "{}{}",
+                self.origin(instance_id).await?,
+                filesystem_path(path)?
+            );
             let build = || {
                 self.with_headers(self.http.request_url(Method::GET, &url))
                     .header("Accept", "application/octet-stream")
             };
-            let response = self
-                .http
-                .send_idempotent(build)
-                .await
-                .map_err(op_error)?;
+            let response = self.http.send_idempotent(build).await.map_err(op_error)?;
             self.http.file_bytes(response, path).await
         })
     }
@@ -233,13 +225,16 @@ impl Provider for Blaxel {
                                 .file_name(file_name)
                                 .mime_str("application/octet-stream")
                                 .map_err(|e| {
-                                    OpError::new(crate::providers::OpErrorKind::Provider, e.to_string())
+                                    OpError::new(
+                                        crate::providers::OpErrorKind::Provider,
+                                        e.to_string(),
+                                    )
                                 })?,
                         )
                         .text("permissions", "0644")
                         .text("path", path.to_string());
                     let request = self
-                        .data(instance_id, Method::PUT, &filesystem_path(path))
+                        .data(instance_id, Method::PUT, &filesystem_path(path)?)
                         .await?
                         .multipart(form);
                     self.http.send(request).await.map_err(op_error)?;
@@ -257,7 +252,7 @@ impl Provider for Blaxel {
     ) -> BoxFuture<'a, Result<(), OpError>> {
         Box::pin(async move {
             let mut request = self
-                .data(instance_id, Method::DELETE, &filesystem_path(path))
+                .data(instance_id, Method::DELETE, &filesystem_path(path)?)
                 .await?;
             if recursive {
                 request = request.query(&[("recursive", "true")]);
@@ -277,7 +272,7 @@ impl Provider for Blaxel {
         let _ = parents;
         Box::pin(async move {
             let request = self
-                .data(instance_id, Method::PUT, &filesystem_path(path))
+                .data(instance_id, Method::PUT, &filesystem_path(path)?)
                 .await?
                 .json(&json!({"isDirectory": true, "permissions": "0755"}));
             self.http.send(request).await.map_err(op_error)?;

@@ -17,7 +17,11 @@ fn the_failure_table() {
         (403, code("QUOTA_EXCEEDED"), ErrorClass::Quota),
         (429, edge("USAGE_LIMIT_EXCEEDED"), ErrorClass::Quota),
         (429, code("RATE_LIMIT_EXCEEDED"), ErrorClass::RateLimit),
-        (429, code("WORKSPACE_RATE_LIMIT_EXCEEDED"), ErrorClass::RateLimit),
+        (
+            429,
+            code("WORKSPACE_RATE_LIMIT_EXCEEDED"),
+            ErrorClass::RateLimit,
+        ),
         (403, code("UNAUTHORIZED"), ErrorClass::UnboundAccount),
         (401, edge("TOKEN_REVOKED"), ErrorClass::UnboundAccount),
         (503, code("AUTHENTICATION_UNAVAILABLE"), ErrorClass::Outage),
@@ -25,10 +29,22 @@ fn the_failure_table() {
         (400, code("INVALID_IMAGE"), ErrorClass::Unsupported),
         (400, code("INVALID_REGION"), ErrorClass::RegionUnavailable),
         (400, code("VALIDATION_FAILED"), ErrorClass::InvalidRequest),
-        (408, code("CREATION_TIMEOUT"), ErrorClass::FailedBeforeRunning),
+        (
+            408,
+            code("CREATION_TIMEOUT"),
+            ErrorClass::FailedBeforeRunning,
+        ),
         // The generic control-plane error: `code` is the status, a number.
-        (409, json!({"error": "exists", "code": 409}), ErrorClass::ProviderError),
-        (400, json!({"error": "bad", "code": 400}), ErrorClass::InvalidRequest),
+        (
+            409,
+            json!({"error": "exists", "code": 409}),
+            ErrorClass::ProviderError,
+        ),
+        (
+            400,
+            json!({"error": "bad", "code": 400}),
+            ErrorClass::InvalidRequest,
+        ),
         (401, json!({}), ErrorClass::UnboundAccount),
         (403, json!({}), ErrorClass::UnboundAccount),
         (404, json!({}), ErrorClass::Unsupported),
@@ -40,7 +56,11 @@ fn the_failure_table() {
         (504, json!({}), ErrorClass::Unknown),
     ];
     for (status, body, class) in cases {
-        assert_eq!(classify(&failure(Some(status), body.clone())), class, "{status} {body}");
+        assert_eq!(
+            classify(&failure(Some(status), body.clone())),
+            class,
+            "{status} {body}"
+        );
     }
     assert_eq!(
         classify(&test_failure(None, json!(null), false)),
@@ -51,11 +71,21 @@ fn the_failure_table() {
         ErrorClass::Unknown
     );
     // A quota refusal made nothing; a 5xx may have.
-    assert!(!ERRORS.create_error(failure(Some(503), code("QUOTA_EXCEEDED"))).maybe_created);
-    assert!(!ERRORS
-        .create_error(failure(Some(503), code("AUTHENTICATION_UNAVAILABLE")))
-        .maybe_created);
-    assert!(ERRORS.create_error(failure(Some(503), json!({}))).maybe_created);
+    assert!(
+        !ERRORS
+            .create_error(failure(Some(503), code("QUOTA_EXCEEDED")))
+            .maybe_created
+    );
+    assert!(
+        !ERRORS
+            .create_error(failure(Some(503), code("AUTHENTICATION_UNAVAILABLE")))
+            .maybe_created
+    );
+    assert!(
+        ERRORS
+            .create_error(failure(Some(503), json!({})))
+            .maybe_created
+    );
     let described = describe(&HttpFailure {
         message: "blaxel answered 503".into(),
         ..failure(Some(503), edge("WORKLOAD_UNAVAILABLE"))
@@ -65,7 +95,10 @@ fn the_failure_table() {
 
 #[test]
 fn rate_limits_keep_retry_after() {
-    let mut f = failure(Some(429), json!({"code": "RATE_LIMIT_EXCEEDED", "message": "slow"}));
+    let mut f = failure(
+        Some(429),
+        json!({"code": "RATE_LIMIT_EXCEEDED", "message": "slow"}),
+    );
     f.retry_after = Some(Duration::from_secs(7));
     let e = provider_error(f);
     assert_eq!(e.class, ErrorClass::RateLimit);
@@ -93,7 +126,11 @@ fn sandbox_names_fit_blaxel() {
         let name = sandbox_name(odd);
         assert!(valid(&name), "{odd:?} -> {name:?}");
     }
-    assert_ne!(sandbox_name("A-1"), sandbox_name("a-1"), "distinct ids, distinct names");
+    assert_ne!(
+        sandbox_name("A-1"),
+        sandbox_name("a-1"),
+        "distinct ids, distinct names"
+    );
     assert_ne!(sandbox_name("a_1"), sandbox_name("a.1"));
 }
 
@@ -159,7 +196,10 @@ fn process_bodies() {
         env: BTreeMap::from([("A-B".to_string(), "x".to_string())]),
         ..ExecSpec::default()
     };
-    assert_eq!(process_body(&bad, "n").unwrap_err().kind, OpErrorKind::Invalid);
+    assert_eq!(
+        process_body(&bad, "n").unwrap_err().kind,
+        OpErrorKind::Invalid
+    );
     assert_eq!(
         process_body(&ExecSpec::default(), "n").unwrap_err().kind,
         OpErrorKind::Invalid
@@ -176,7 +216,8 @@ fn ndjson_lines() {
         parse_line(r#"{"type":"stderr","data":"oops"}"#),
         Line::Stderr("oops".into())
     );
-    let result = json!({"type": "result", "data": json!({"status": "failed", "exitCode": 3}).to_string()});
+    let result =
+        json!({"type": "result", "data": json!({"status": "failed", "exitCode": 3}).to_string()});
     assert_eq!(
         parse_line(&result.to_string()),
         Line::Result(ProcessViewLite {
@@ -190,9 +231,14 @@ fn ndjson_lines() {
 
 #[test]
 fn filesystem_paths_are_appended_as_the_sdk_does() {
-    assert_eq!(filesystem_path("/tmp/a b.txt"), "/filesystem//tmp/a%20b.txt");
-    assert_eq!(filesystem_path("notes.txt"), "/filesystem/notes.txt");
-    assert_eq!(filesystem_path("/a/../b"), "/filesystem//a/%2E%2E/b");
+    let path = |p: &str| filesystem_path(p).unwrap();
+    assert_eq!(path("/tmp/a b.txt"), "/filesystem//tmp/a%20b.txt");
+    assert_eq!(path("notes.txt"), "/filesystem/notes.txt");
+    assert_eq!(path("/a/./b"), "/filesystem//a/b");
+    assert_eq!(
+        filesystem_path("/a/../b").unwrap_err().kind,
+        OpErrorKind::Invalid
+    );
 }
 
 #[test]
