@@ -926,6 +926,29 @@ mod tests {
     }
 
     #[test]
+    fn a_blaxel_pool_is_advisory_never_gateway() {
+        let topology = |egress: &str| {
+            format!(
+                "[proxy]\npublic_url = \"http://gw.example:3128\"\n\
+                 [[providers]]\nname = \"blaxel\"\n\
+                 [[accounts]]\nname = \"bl\"\nprovider = \"blaxel\"\n\
+                 api_key_env = \"SANDGATE_TEST_UNSET_BL_KEY\"\n\
+                 options = {{ workspace = \"w\" }}\n\
+                 [[pools]]\nname = \"p\"\nprovider = \"blaxel\"\naccount = \"bl\"\n{egress}"
+            )
+        };
+        let c = Config::from_toml(&topology("")).unwrap_or_else(|e| panic!("{e}"));
+        let router = c.router_config();
+        assert_eq!(
+            router.pools[0].egress,
+            Some(sandgate_router::EgressEnforcement::Advisory)
+        );
+        let err = Config::from_toml(&topology("egress = \"gateway\"\n")).unwrap_err();
+        assert!(err.to_string().contains("advisory"), "{err}");
+        assert!(Config::from_toml(&topology("egress = \"advisory\"\n")).is_ok());
+    }
+
+    #[test]
     fn unknown_key_is_named_with_its_path() {
         let err = Config::from_toml("[proxy]\nlistn = \"127.0.0.1:1\"\n").unwrap_err();
         let text = err.to_string();
