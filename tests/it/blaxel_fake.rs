@@ -572,6 +572,21 @@ async fn exec_files_list_get_and_delete() {
     provider.mkdir(&id, "/home/user/a/b", true).await.unwrap();
     let listed = run(&provider, &id, argv(&["ls", "/home/user/a"])).await;
     assert_eq!(listed.stdout, b"b\n");
+    let entries = provider.list_dir(&id, "/home/user").await.unwrap();
+    let names: Vec<(&str, &str)> = entries.iter().map(|e| (e.name.as_str(), e.kind)).collect();
+    assert_eq!(
+        names,
+        [("a", "dir"), ("deep", "dir"), ("notes.txt", "file")],
+        "{entries:?}"
+    );
+    let notes = entries.iter().find(|e| e.name == "notes.txt").unwrap();
+    assert_eq!((notes.size, notes.mode), (10, 0o644));
+    assert!(notes.modified_unix > 0);
+    let not_dir = provider
+        .list_dir(&id, "/home/user/notes.txt")
+        .await
+        .unwrap_err();
+    assert_eq!(not_dir.kind, OpErrorKind::Invalid);
     provider
         .remove_path(&id, "/home/user/deep", true)
         .await

@@ -49,7 +49,8 @@
 //! - Files: read `GET /filesystem/{path}` with `Accept: application/octet-stream` (bytes);
 //!   write UTF-8 text as `PUT` `{content}`, other bytes as a multipart `PUT` (`file`,
 //!   `permissions`, `path`, as the SDK's `write_binary`); `mkdir` is `PUT {isDirectory: true}`;
-//!   delete is `DELETE` (`?recursive=true`). No lifecycle: Blaxel puts an idle sandbox on
+//!   list is `GET` of a directory (`{files, subdirectories}`); delete is `DELETE`
+//!   (`?recursive=true`). No lifecycle: Blaxel puts an idle sandbox on
 //!   standby and wakes it on the next call by itself, so pause/resume/stop/start answer
 //!   unsupported.
 //! - Failures are classified by one table ([`ERRORS`], applied by [`classify`]).

@@ -9,9 +9,9 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::exec::{follow, process_body, process_name, send_kill};
-use super::wire::{instance_of, SandboxList, SandboxView};
+use super::wire::{instance_of, DirectoryView, SandboxList, SandboxView};
 use super::{filesystem_path, lockdown_refusal, op_error, provider_error, Blaxel, CA_PATH, ERRORS};
-use crate::ops::{ExecSpec, ExecStream};
+use crate::ops::{ExecSpec, ExecStream, SandboxEntry};
 use crate::providers::hosted::errors::failed_before_running;
 use crate::providers::hosted::http::HttpFailure;
 use crate::providers::hosted::lockdown::ca_not_installed;
@@ -117,7 +117,7 @@ impl Provider for Blaxel {
         _instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
         // What this adapter does with Blaxel: commands streamed in one ordered NDJSON stream
-        // and killed by name, files read, written, deleted and directories made; ports are
+        // and killed by name, files read, written, listed, deleted and directories made; ports are
         // not published by sandgate and Blaxel has no pause of its own.
         Box::pin(async {
             Ok(RuntimeCapabilities {
@@ -126,6 +126,7 @@ impl Provider for Blaxel {
                 process_cancel: true,
                 filesystem_read: true,
                 filesystem_write: true,
+                filesystem_list: true,
                 filesystem_delete: true,
                 filesystem_mkdir: true,
                 ..RuntimeCapabilities::NONE
@@ -241,6 +242,29 @@ impl Provider for Blaxel {
                     Ok(())
                 }
             }
+        })
+    }
+
+    fn list_dir<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<SandboxEntry>, OpError>> {
+        Box::pin(async move {
+            let url = format!(
+                "{}{}",
+                self.origin(instance_id).await?,
+                filesystem_path(path)?
+            );
+            let build = || self.with_headers(self.http.request_url(Method::GET, &url));
+            let response = self.http.send_idempotent(build).await.map_err(op_error)?;
+            let listing: DirectoryView = self.http.json(response).await.map_err(op_error)?;
+            listing.entries().ok_or_else(|| {
+                OpError::new(
+                    crate::providers::OpErrorKind::Invalid,
+                    format!("{path} is not a directory"),
+                )
+            })
         })
     }
 

@@ -102,3 +102,58 @@ pub(super) fn instance_of(view: &SandboxView) -> Instance {
         },
     }
 }
+
+/// `GET /filesystem/{dir}` (`Directory`); a file answers without `files`.
+#[derive(Debug, Deserialize)]
+pub(super) struct DirectoryView {
+    pub(super) files: Option<Vec<FileView>>,
+    #[serde(default)]
+    pub(super) subdirectories: Vec<SubdirView>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct FileView {
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) size: u64,
+    #[serde(default)]
+    pub(super) permissions: String,
+    #[serde(default)]
+    pub(super) last_modified: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct SubdirView {
+    pub(super) name: String,
+}
+
+impl DirectoryView {
+    /// The entries, directories first; `None` when the path is not a directory.
+    pub(super) fn entries(self) -> Option<Vec<crate::ops::SandboxEntry>> {
+        let files = self.files?;
+        let dirs = self
+            .subdirectories
+            .into_iter()
+            .map(|d| crate::ops::SandboxEntry {
+                name: d.name,
+                kind: "dir",
+                size: 0,
+                mode: 0,
+                modified_unix: 0,
+            });
+        let files = files.into_iter().map(|f| crate::ops::SandboxEntry {
+            name: f.name,
+            kind: "file",
+            size: f.size,
+            // An octal string such as "0644"; anything else is not guessed at.
+            mode: u32::from_str_radix(f.permissions.trim(), 8).unwrap_or(0),
+            modified_unix: httpdate::parse_http_date(&f.last_modified)
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0),
+        });
+        Some(dirs.chain(files).collect())
+    }
+}
