@@ -802,8 +802,13 @@ account = "blaxel-main"
 }
 
 async fn start() -> Env {
+    start_with(FakeBlaxelConfig::default(), "").await
+}
+
+/// [`start`] with the fake's config and `[create]` settings.
+async fn start_with(config: FakeBlaxelConfig, create: &str) -> Env {
     init();
-    let blaxel = FakeBlaxel::start(FakeBlaxelConfig::default()).await;
+    let blaxel = FakeBlaxel::start(config).await;
     let keys = tempfile::tempdir().unwrap();
     let gw = Gateway::start(GatewayOptions {
         identities: vec![],
@@ -817,6 +822,7 @@ principal = "alice"
 workspace = "ws-a"
 [create]
 short_wait_ms = 8000
+{create}
 {topology}
 "#,
             topology = topology(&blaxel, keys.path())
@@ -929,6 +935,129 @@ async fn a_blaxel_pool_is_advisory_and_refuses_network_restricted_creates() {
     let unmet = attempts[0]["unmet_requirements"].to_string();
     assert!(unmet.contains("network"), "{refused:#}");
     assert_eq!(env.blaxel.sandboxes().len(), before);
+}
+
+impl Env {
+    /// Runs `sh -c script` through the gateway's exec API: (stdout, stderr, exit code).
+    async fn sh(&self, id: &str, script: &str) -> (String, String, i64) {
+        let response = self
+            .http
+            .post(self.gw.api(&format!("/v1/sandboxes/{id}/exec")))
+            .bearer_auth(API_TOKEN)
+            .json(&json!({"argv": ["sh", "-c", script], "timeout_ms": 30000}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        let (mut out, mut err, mut code) = (String::new(), String::new(), -1);
+        for line in text.lines() {
+            let e: Value = serde_json::from_str(line).unwrap();
+            match e["type"].as_str() {
+                Some("stdout") => out.push_str(e["text"].as_str().unwrap_or_default()),
+                Some("stderr") => err.push_str(e["text"].as_str().unwrap_or_default()),
+                Some("exit") => code = e["code"].as_i64().unwrap_or(-1),
+                _ => {}
+            }
+        }
+        (out, err, code)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exec_and_files_through_the_gateway_on_a_blaxel_pool() {
+    let env = start().await;
+    let view = env.running(json!({})).await;
+    let id = view["id"].as_str().unwrap();
+    let (out, err, code) = env.sh(id, "echo hello; echo oops >&2; exit 4").await;
+    assert_eq!((out.as_str(), err.as_str(), code), ("hello\n", "oops\n", 4));
+    // The sandbox's proxy variables carry its own identity, never a provider key.
+    let (out, _, code) = env.sh(id, "echo \"$HTTPS_PROXY\"; env").await;
+    assert_eq!(code, 0);
+    assert!(out.starts_with(&format!("http://{id}:")), "{out}");
+    assert!(
+        !out.contains(env.blaxel.api_key()),
+        "no provider key in the sandbox"
+    );
+    let put = env
+        .http
+        .put(env.gw.api(&format!(
+            "/v1/sandboxes/{id}/files/content?path=/home/user/gw.txt"
+        )))
+        .bearer_auth(API_TOKEN)
+        .body(b"through the gateway".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.text().await.unwrap());
+    let got = env
+        .http
+        .get(env.gw.api(&format!(
+            "/v1/sandboxes/{id}/files/content?path=/home/user/gw.txt"
+        )))
+        .bearer_auth(API_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.bytes().await.unwrap().as_ref(), b"through the gateway");
+    let instance = view["placement"]["instance_id"].as_str().unwrap();
+    assert_eq!(
+        env.blaxel.file(instance, "/home/user/gw.txt").as_deref(),
+        Some(&b"through the gateway"[..])
+    );
+    // No secret in the sandbox's files either.
+    let sandbox = env.blaxel.sandbox(instance).unwrap();
+    let ca = env.blaxel.file(instance, CA_PATH).unwrap();
+    assert!(!String::from_utf8_lossy(&ca).contains(env.blaxel.api_key()));
+    assert!(sandbox
+        .envs
+        .values()
+        .all(|v| !v.contains(env.blaxel.api_key())));
+    // Deleting the sandbox terminates the Blaxel sandbox.
+    let deleted = env
+        .http
+        .delete(env.gw.api(&format!("/v1/sandboxes/{id}")))
+        .bearer_auth(API_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while env.blaxel.live_count() > 0 {
+        assert!(Instant::now() < deadline, "{:?}", env.blaxel.live());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_never_answered_is_reconciled_by_label_without_a_duplicate() {
+    let env = start_with(
+        FakeBlaxelConfig {
+            hang: Duration::from_millis(300),
+            ..FakeBlaxelConfig::default()
+        },
+        "",
+    )
+    .await;
+    env.blaxel.script(["timeout_after_send"]);
+    let view = env.running(json!({})).await;
+    let id = view["id"].as_str().unwrap();
+    let live = env.blaxel.live_with_label("sandgate_sandbox", id);
+    assert_eq!(live.len(), 1, "{:?}", env.blaxel.sandboxes());
+    assert_eq!(view["placement"]["instance_id"], live[0].name.as_str());
+    assert_eq!(env.blaxel.live_count(), 1, "no duplicate");
+    assert_eq!(
+        env.blaxel.create_log().first(),
+        Some(&CreateOutcome::TimeoutAfterSend),
+        "the create was never answered"
+    );
+    // Adopted, then finished: the CA is in.
+    assert_eq!(
+        env.blaxel.file(&live[0].name, CA_PATH).as_deref(),
+        Some(env.gw.sandgate_ca_pem.as_slice())
+    );
 }
 
 fn sandgate_bin() -> PathBuf {
