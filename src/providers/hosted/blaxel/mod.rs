@@ -232,17 +232,19 @@ fn error_code(failure: &HttpFailure) -> Option<&str> {
         .or_else(|| body.get("error")?.get("code")?.as_str())
 }
 
-/// The failure's message, with Blaxel's code and the edge envelope's message when present.
+/// The failure's message (already redacted by the HTTP layer) with Blaxel's code, when it is
+/// one of the identifiers Blaxel uses (`UPPER_SNAKE`); other text of the body is not repeated,
+/// since only the failure's own message went through redaction.
 fn describe(failure: &HttpFailure) -> String {
-    let nested = failure
-        .body
-        .as_ref()
-        .and_then(|b| b.get("error")?.get("message")?.as_str())
-        .map(|m| m.chars().take(300).collect::<String>());
-    match (error_code(failure), nested) {
-        (Some(code), Some(m)) => format!("{} ({code}: {m})", failure.message),
-        (Some(code), None) => format!("{} ({code})", failure.message),
-        (None, _) => failure.message.clone(),
+    let code = error_code(failure).filter(|c| {
+        !c.is_empty()
+            && c.len() <= 64
+            && c.chars()
+                .all(|ch| ch.is_ascii_uppercase() || ch.is_ascii_digit() || ch == '_')
+    });
+    match code {
+        Some(code) => format!("{} ({code})", failure.message),
+        None => failure.message.clone(),
     }
 }
 

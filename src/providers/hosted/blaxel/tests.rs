@@ -90,7 +90,12 @@ fn the_failure_table() {
         message: "blaxel answered 503".into(),
         ..failure(Some(503), edge("WORKLOAD_UNAVAILABLE"))
     });
-    assert_eq!(described, "blaxel answered 503 (WORKLOAD_UNAVAILABLE: x)");
+    assert_eq!(described, "blaxel answered 503 (WORKLOAD_UNAVAILABLE)");
+    let odd = describe(&HttpFailure {
+        message: "blaxel answered 400".into(),
+        ..failure(Some(400), json!({"code": "key bl_123 is bad"}))
+    });
+    assert_eq!(odd, "blaxel answered 400", "only identifiers are repeated");
 }
 
 #[test]
