@@ -744,7 +744,8 @@ impl Config {
         }
         let mut pools = self.pools.clone();
         // A hosted pool whose adapter locks its sandboxes to the gateway enforces egress
-        // through it, once the gateway has an address those sandboxes can reach.
+        // through it, once the gateway has an address those sandboxes can reach; one whose
+        // adapter cannot (Blaxel) is advisory.
         if self.proxy.public_url.is_some() {
             for pool in pools.iter_mut().filter(|p| p.egress.is_none()) {
                 let Some(provider) = self.providers.iter().find(|p| p.name == pool.provider) else {
@@ -754,10 +755,14 @@ impl Config {
                 let kind = provider
                     .kind
                     .or_else(|| sandgate_router::ProviderKind::from_name(&provider.name));
-                if declared.is_none()
-                    && kind.is_some_and(crate::providers::hosted::locks_to_gateway)
-                {
+                let Some(kind) = kind.filter(|_| declared.is_none()) else {
+                    continue;
+                };
+                if crate::providers::hosted::locks_to_gateway(kind) {
                     pool.egress = Some(sandgate_router::EgressEnforcement::Gateway);
+                } else if crate::providers::hosted::has_adapter(kind) {
+                    // The proxy variables and the CA, which the sandbox may ignore.
+                    pool.egress = Some(sandgate_router::EgressEnforcement::Advisory);
                 }
             }
         }
@@ -769,8 +774,8 @@ impl Config {
     }
 
     /// A hosted pool's egress enforcement must be what its adapter does: `gateway` needs
-    /// `[proxy] public_url` (the address its sandboxes are given), and no adapter enforces
-    /// domain lists natively.
+    /// `[proxy] public_url` (the address its sandboxes are given) and an adapter that locks
+    /// its sandboxes to it, and no adapter enforces domain lists natively.
     fn validate_hosted(&self, topology: &sandgate_router::Topology) -> Result<(), ConfigError> {
         for (i, pool) in topology.pools().iter().enumerate() {
             let kind = topology.providers()[pool.provider].kind;
@@ -783,6 +788,14 @@ impl Config {
                     return Err(ConfigError::invalid(
                         key,
                         format!("pool {}: egress through the gateway needs [proxy] public_url, the proxy address its hosted sandboxes reach", pool.name),
+                    ))
+                }
+                sandgate_router::EgressEnforcement::Gateway
+                    if !crate::providers::hosted::locks_to_gateway(kind) =>
+                {
+                    return Err(ConfigError::invalid(
+                        key,
+                        format!("pool {}: the {} adapter cannot make the gateway a sandbox's only destination, so its pools are \"advisory\" (the proxy variables and the CA only)", pool.name, kind.as_str()),
                     ))
                 }
                 sandgate_router::EgressEnforcement::Native => {
@@ -910,6 +923,29 @@ mod tests {
         let text = include_str!("../deploy/sandgate.example.toml");
         let c = Config::from_toml(text).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.egress.identities[0].id, "ci-runner-1");
+    }
+
+    #[test]
+    fn a_blaxel_pool_is_advisory_never_gateway() {
+        let topology = |egress: &str| {
+            format!(
+                "[proxy]\npublic_url = \"http://gw.example:3128\"\n\
+                 [[providers]]\nname = \"blaxel\"\n\
+                 [[accounts]]\nname = \"bl\"\nprovider = \"blaxel\"\n\
+                 api_key_env = \"SANDGATE_TEST_UNSET_BL_KEY\"\n\
+                 options = {{ workspace = \"w\" }}\n\
+                 [[pools]]\nname = \"p\"\nprovider = \"blaxel\"\naccount = \"bl\"\n{egress}"
+            )
+        };
+        let c = Config::from_toml(&topology("")).unwrap_or_else(|e| panic!("{e}"));
+        let router = c.router_config();
+        assert_eq!(
+            router.pools[0].egress,
+            Some(sandgate_router::EgressEnforcement::Advisory)
+        );
+        let err = Config::from_toml(&topology("egress = \"gateway\"\n")).unwrap_err();
+        assert!(err.to_string().contains("advisory"), "{err}");
+        assert!(Config::from_toml(&topology("egress = \"advisory\"\n")).is_ok());
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod common;
 
 mod api_input;
 mod aws_sigv4;
+mod blaxel_fake;
 mod cli;
 mod create_events;
 mod credentials;

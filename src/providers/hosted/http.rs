@@ -29,6 +29,8 @@ pub enum Auth {
     Header(&'static str),
     /// `Authorization: Bearer <key>`.
     Bearer,
+    /// `Bearer <key>` in a header of its own, e.g. Blaxel's `X-Blaxel-Authorization`.
+    NamedBearer(&'static str),
 }
 
 /// A failed provider call, secrets removed.
@@ -148,6 +150,9 @@ impl ProviderHttp {
         match self.auth {
             Auth::Header(name) => builder.header(name, self.key.expose()),
             Auth::Bearer => builder.bearer_auth(self.key.expose()),
+            Auth::NamedBearer(name) => {
+                builder.header(name, format!("Bearer {}", self.key.expose()))
+            }
         }
     }
 

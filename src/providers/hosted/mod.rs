@@ -1,5 +1,5 @@
-//! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop), the layer they share, and
-//! building one adapter per `[[accounts]]` entry.
+//! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop, Prime Intellect, Blaxel), the
+//! layer they share, and building one adapter per `[[accounts]]` entry.
 //!
 //! Contract:
 //! - One adapter per account, shared by every pool on it (they share its HTTP connections
@@ -21,6 +21,7 @@ pub mod lockdown;
 pub mod poll;
 pub mod tags;
 
+pub mod blaxel;
 pub mod daytona;
 pub mod e2b;
 pub mod prime;
@@ -35,6 +36,7 @@ use sandgate_router::{AccountConfig, ProviderKind};
 pub use account::{api_key, AccountError};
 
 use account::{check_base_url, OptionError};
+use blaxel::{Blaxel, BlaxelAccount};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
 use prime::{Prime, PrimeAccount};
@@ -53,12 +55,18 @@ pub fn has_adapter(kind: ProviderKind) -> bool {
             | ProviderKind::Vercel
             | ProviderKind::Runloop
             | ProviderKind::PrimeIntellect
+            | ProviderKind::Blaxel
     )
 }
 
-/// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway.
+/// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway. An
+/// adapter that does not (Blaxel: [`blaxel::LOCKS_DOWN`]) gives its sandboxes the proxy
+/// variables and the CA only: its pools are `advisory`.
 pub fn locks_to_gateway(kind: ProviderKind) -> bool {
-    has_adapter(kind)
+    match kind {
+        ProviderKind::Blaxel => blaxel::LOCKS_DOWN,
+        _ => has_adapter(kind),
+    }
 }
 
 /// The adapter for one account, or `None` when this build has none for its kind.
@@ -97,6 +105,9 @@ pub fn build(
         )?,
         ProviderKind::PrimeIntellect => {
             adapter(account, key, tls, PrimeAccount::from_options, Prime::new)?
+        }
+        ProviderKind::Blaxel => {
+            adapter(account, key, tls, BlaxelAccount::from_options, Blaxel::new)?
         }
         _ => return Ok(None),
     };
