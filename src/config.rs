@@ -798,6 +798,18 @@ impl Config {
                         format!("pool {}: the {} adapter cannot make the gateway a sandbox's only destination, so its pools are \"advisory\" (the proxy variables and the CA only)", pool.name, kind.as_str()),
                     ))
                 }
+                sandgate_router::EgressEnforcement::Gateway => {
+                    if let Some(url) = self.proxy.public_url() {
+                        let host = url.host.trim_start_matches('[').trim_end_matches(']');
+                        crate::providers::hosted::can_lock_to(kind, &url.scheme, host, url.port)
+                            .map_err(|why| {
+                                ConfigError::invalid(
+                                    key,
+                                    format!("pool {}: {why}; or set egress = \"advisory\"", pool.name),
+                                )
+                            })?;
+                    }
+                }
                 sandgate_router::EgressEnforcement::Native => {
                     return Err(ConfigError::invalid(
                         key,
@@ -923,6 +935,37 @@ mod tests {
         let text = include_str!("../deploy/sandgate.example.toml");
         let c = Config::from_toml(text).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.egress.identities[0].id, "ci-runner-1");
+    }
+
+    #[test]
+    fn a_prime_gateway_pool_needs_an_address_prime_can_allow() {
+        let topology = |url: &str| {
+            format!(
+                "[proxy]\npublic_url = \"{url}\"\n\
+                 [[providers]]\nname = \"prime-intellect\"\n\
+                 [[accounts]]\nname = \"pi\"\nprovider = \"prime-intellect\"\n\
+                 api_key_env = \"SANDGATE_TEST_UNSET_PI_KEY\"\n\
+                 [[pools]]\nname = \"p\"\nprovider = \"prime-intellect\"\naccount = \"pi\"\n"
+            )
+        };
+        for ok in [
+            "https://203.0.113.7:3129",
+            "https://gw.example.com:443",
+            "http://203.0.113.7:3128",
+        ] {
+            Config::from_toml(&topology(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [
+            "https://gw.example.com:3129",
+            "http://gw.example.com:443",
+            "https://[2001:db8::1]:3129",
+        ] {
+            let err = Config::from_toml(&topology(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains("pools[0].egress") && err.contains("advisory"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -69,6 +69,26 @@ pub fn locks_to_gateway(kind: ProviderKind) -> bool {
     }
 }
 
+/// Whether a `gateway` pool of `kind` can be locked to the gateway at `public_url`
+/// (`scheme`, `host` without brackets, `port`), or why not: checked when the config loads,
+/// so a lock-down the provider cannot express is a start error, not a failure of every
+/// create. Kinds whose every address works answer `Ok`.
+pub fn can_lock_to(kind: ProviderKind, scheme: &str, host: &str, port: u16) -> Result<(), String> {
+    match kind {
+        ProviderKind::PrimeIntellect => {
+            let egress = crate::providers::RemoteEgress {
+                proxy_url: format!("{scheme}://{host}:{port}"),
+                gateway_host: host.to_string(),
+                gateway_port: port,
+                ca_pem: String::new(),
+                lock_down: true,
+            };
+            prime::allow_entry(&egress).map(|_| ())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The adapter for one account, or `None` when this build has none for its kind.
 pub fn build(
     kind: ProviderKind,
