@@ -195,7 +195,10 @@ async function create(request: Request, env: Env): Promise<Response> {
     const ready = await sandbox.exec("true");
     if (ready.exitCode !== 0) throw new BridgeError(500, "internal", "the container did not start");
   } catch (e) {
-    await index(env).put({ ...info, state: "failed" });
+    // Nothing is left behind for a create that failed: the container is destroyed and the
+    // record removed, so the answer (e.g. 503 capacity) proves no sandbox runs.
+    await sandbox.destroy().catch(() => undefined);
+    await index(env).remove(req.id);
     throw e;
   }
   const running: SandboxInfo = { ...info, state: "running" };
