@@ -22,6 +22,7 @@ pub mod local;
 pub use crate::ops;
 pub mod simulated;
 
+pub use hosted::cloudflare;
 /// The hosted adapters and their HTTP layer, under [`hosted`], at their old paths.
 pub use hosted::{daytona, e2b, http, runloop, vercel};
 

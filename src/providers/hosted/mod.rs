@@ -21,6 +21,7 @@ pub mod lockdown;
 pub mod poll;
 pub mod tags;
 
+pub mod cloudflare;
 pub mod daytona;
 pub mod e2b;
 pub mod runloop;
@@ -34,6 +35,7 @@ use sandgate_router::{AccountConfig, ProviderKind};
 pub use account::{api_key, AccountError};
 
 use account::{check_base_url, OptionError};
+use cloudflare::{Cloudflare, CloudflareAccount};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
 use runloop::{Runloop, RunloopAccount};
@@ -47,7 +49,12 @@ pub fn has_adapter(kind: ProviderKind) -> bool {
     matches!(
         kind,
         ProviderKind::E2b | ProviderKind::Daytona | ProviderKind::Vercel | ProviderKind::Runloop
-    )
+    ) || has_adapter_part2(kind)
+}
+
+/// The kinds of issue 27's adapters, one line each so they merge independently.
+fn has_adapter_part2(kind: ProviderKind) -> bool {
+    matches!(kind, ProviderKind::Cloudflare)
 }
 
 /// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway.
@@ -88,6 +95,13 @@ pub fn build(
             tls,
             RunloopAccount::from_options,
             Runloop::new,
+        )?,
+        ProviderKind::Cloudflare => adapter(
+            account,
+            key,
+            tls,
+            CloudflareAccount::from_options,
+            Cloudflare::new,
         )?,
         _ => return Ok(None),
     };
