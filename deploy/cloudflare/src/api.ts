@@ -1,10 +1,8 @@
 // The bridge's HTTP contract: every request and response body sandgate's Cloudflare adapter
 // sends or reads. This file is the contract: the bridge (index.ts) is typechecked against it,
-// and so are the samples the test fake answers with (test/fake-samples.ts), so a field renamed
-// here fails both. Types only: nothing here runs.
+// so a field renamed here fails the bridge's build until both sides agree. Types only.
 
-/** Every request carries `Authorization: Bearer <SANDGATE_BRIDGE_TOKEN>`; see README. */
-export const API_PREFIX = "/v1";
+// Every request carries `Authorization: Bearer <SANDGATE_BRIDGE_TOKEN>`; see README.
 
 /**
  * The container's outbound network, in the SDK's own words (`Container.enableInternet`,
