@@ -11,6 +11,7 @@ mod common;
 mod api_input;
 mod aws_sigv4;
 mod cli;
+mod cloudflare_fake;
 mod create_events;
 mod credentials;
 mod daytona_fake;

@@ -1,6 +1,7 @@
 //! Fakes of the sandbox providers' APIs, on real sockets, for the provider adapters' tests.
 //! Each is proven against the provider's official SDK (see each module's documentation).
 
+pub mod cloudflare;
 pub mod daytona;
 pub mod e2b;
 pub mod runloop;

@@ -1,0 +1,240 @@
+//! The Cloudflare adapter (`sandgate::providers::cloudflare`) driven through the `Provider`
+//! trait against the fake bridge Worker (`tests/it/common/fakes/cloudflare.rs`) over a real
+//! socket: create/get/list/delete, exec in order with the exit code, files, the lock-down
+//! and the environment the sandbox gets, and each row of the failure table.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::fakes::cloudflare::FakeCloudflare;
+use sandgate::credentials::Secret;
+use sandgate::providers::cloudflare::{sandbox_name, Cloudflare, CloudflareAccount, CA_PATH};
+use sandgate::providers::ops::{ExecEvent, ExecSpec};
+use sandgate::providers::{CreateSpec, ErrorClass, Provider, RemoteEgress, Tags};
+use serde_json::json;
+
+const CA_PEM: &str =
+    "-----BEGIN CERTIFICATE-----\nMIIBfakeCloudflareCA\n-----END CERTIFICATE-----\n";
+
+fn adapter(fake: &FakeCloudflare, token: &str) -> Cloudflare {
+    common::init();
+    let options = BTreeMap::from([("create_timeout_secs".to_string(), "2".to_string())]);
+    let account = CloudflareAccount::from_options(
+        Some(&fake.url()),
+        &options,
+        Secret::new(token.to_string()),
+    )
+    .expect("account options");
+    Cloudflare::new(account, sandgate::tls::upstream_client_config(&[]).unwrap()).unwrap()
+}
+
+fn egress(lock_down: bool) -> RemoteEgress {
+    RemoteEgress {
+        proxy_url: "https://sb-1:0123abcd@gw.example:3128".to_string(),
+        gateway_host: "gw.example".to_string(),
+        gateway_port: 3128,
+        ca_pem: CA_PEM.to_string(),
+        lock_down,
+    }
+}
+
+fn spec(sandbox: &str, attempt: &str, egress: Option<RemoteEgress>) -> CreateSpec {
+    CreateSpec {
+        tags: Tags {
+            sandbox_id: sandbox.to_string(),
+            attempt_id: attempt.to_string(),
+        },
+        pool: "cloudflare-1".into(),
+        account: "cloudflare".into(),
+        request: Arc::new(sandgate_router::Request::default()),
+        env: BTreeMap::from([("SANDGATE_CRED_GH".to_string(), "placeholder-gh".to_string())]),
+        snapshot: None,
+        egress,
+    }
+}
+
+/// A command's stdout, stderr and exit code, every event in order.
+async fn run(provider: &Cloudflare, id: &str, argv: &[&str]) -> (String, String, Option<i32>) {
+    let spec = ExecSpec {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        ..ExecSpec::default()
+    };
+    let mut stream = provider.exec(id, spec).await.expect("exec starts");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(30), stream.events.recv())
+            .await
+            .expect("an exec event within 30 s");
+        match event {
+            Some(ExecEvent::Stdout(b)) => out.extend_from_slice(&b),
+            Some(ExecEvent::Stderr(b)) => err.extend_from_slice(&b),
+            Some(ExecEvent::Exit(info)) => {
+                assert!(stream.events.recv().await.is_none(), "nothing after Exit");
+                return (
+                    String::from_utf8(out).unwrap(),
+                    String::from_utf8(err).unwrap(),
+                    info.code,
+                );
+            }
+            None => panic!("the stream ended without Exit"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_sandbox_from_create_to_delete() {
+    let fake = FakeCloudflare::start().await;
+    let cf = adapter(&fake, fake.token());
+    let made = cf
+        .create(spec("sb-1", "sb-1-a1", Some(egress(true))))
+        .await
+        .expect("create");
+    assert_eq!(made.id, sandbox_name("sb-1-a1"));
+
+    // The lock-down, in the bridge's field names, as the fake received it and as shown.
+    let sandbox = fake.sandbox(&made.id).expect("in the inventory");
+    let locked = json!({"enableInternet": false, "allowedHosts": ["gw.example"]});
+    assert_eq!(sandbox.outbound, locked);
+    assert_eq!(cf.lockdown(&egress(true)), Some(locked));
+    assert_eq!(sandbox.labels["sandgate_sandbox"], "sb-1");
+    assert_eq!(sandbox.labels["sandgate_attempt"], "sb-1-a1");
+    // Proxy and CA variables present; the CA written through the files API.
+    assert_eq!(
+        sandbox.env["HTTPS_PROXY"],
+        "https://sb-1:0123abcd@gw.example:3128"
+    );
+    assert!(
+        sandbox.env.values().any(|v| v == CA_PATH),
+        "{:?}",
+        sandbox.env
+    );
+    assert_eq!(
+        fake.file(&made.id, CA_PATH).as_deref(),
+        Some(CA_PEM.as_bytes())
+    );
+    // The bridge's token is nowhere in the sandbox.
+    for (k, v) in &sandbox.env {
+        assert!(
+            !v.contains(fake.token()) && !k.contains(fake.token()),
+            "{k}"
+        );
+    }
+    for (path, bytes) in fake.files(&made.id) {
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(fake.token()),
+            "{path}"
+        );
+    }
+
+    let got = cf.get(&made.id).await.unwrap().expect("get finds it");
+    assert_eq!(got.tags.attempt_id, "sb-1-a1");
+    let listed = cf.list_by_tag("sb-1", None).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(cf
+        .list_by_tag("sb-1", Some("other"))
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(cf.list_by_tag("sb-2", None).await.unwrap().is_empty());
+
+    // A create re-sent for the same attempt is the same sandbox, not a second one.
+    let again = cf
+        .create(spec("sb-1", "sb-1-a1", Some(egress(true))))
+        .await
+        .unwrap();
+    assert_eq!(again.id, made.id);
+    assert_eq!(fake.sandboxes().len(), 1);
+
+    let (out, err, code) = run(
+        &cf,
+        &made.id,
+        &["sh", "-c", "echo one; echo two; echo bad >&2; exit 3"],
+    )
+    .await;
+    assert_eq!(out, "one\ntwo\n");
+    assert_eq!(err, "bad\n");
+    assert_eq!(code, Some(3));
+
+    let blob: Vec<u8> = (0u8..=255).collect();
+    cf.write_file(&made.id, "/workspace/dir/blob.bin", blob.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        cf.read_file(&made.id, "/workspace/dir/blob.bin")
+            .await
+            .unwrap(),
+        blob
+    );
+    let (out, _, code) = run(&cf, &made.id, &["wc", "-c", "/workspace/dir/blob.bin"]).await;
+    assert_eq!(code, Some(0));
+    assert!(out.starts_with("256"), "{out}");
+
+    cf.delete(&made.id).await.unwrap();
+    assert!(cf.get(&made.id).await.unwrap().is_none());
+    cf.delete(&made.id).await.expect("absent is deleted");
+    assert!(cf.list_by_tag("sb-1", None).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_advisory_sandbox_is_open_with_the_variables() {
+    let fake = FakeCloudflare::start().await;
+    let cf = adapter(&fake, fake.token());
+    let made = cf
+        .create(spec("sb-2", "sb-2-a1", Some(egress(false))))
+        .await
+        .unwrap();
+    let sandbox = fake.sandbox(&made.id).unwrap();
+    assert_eq!(
+        sandbox.outbound,
+        json!({"enableInternet": true, "allowedHosts": []})
+    );
+    assert!(sandbox.env.contains_key("HTTPS_PROXY"));
+    assert!(cf.lockdown(&egress(false)).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_failure_table_over_the_socket() {
+    let fake = FakeCloudflare::start().await;
+    let cf = adapter(&fake, fake.token());
+    fake.script([
+        "capacity",
+        "rate_limit",
+        "outage",
+        "internal",
+        "timeout_after_send",
+    ]);
+    let e = cf.create(spec("sb-f", "f1", None)).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::Capacity);
+    assert!(!e.maybe_created);
+    assert_eq!(e.retry_after, Some(Duration::from_secs(5)));
+    let e = cf.create(spec("sb-f", "f2", None)).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::RateLimit);
+    assert_eq!(e.retry_after, Some(Duration::from_secs(2)));
+    let e = cf.create(spec("sb-f", "f3", None)).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::Outage);
+    let e = cf.create(spec("sb-f", "f4", None)).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::ProviderError);
+    assert!(e.maybe_created);
+    let e = cf.create(spec("sb-f", "f5", None)).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::Unknown);
+    assert!(e.maybe_created);
+    // The two that were made are found by tag; nothing else is.
+    let found = cf.list_by_tag("sb-f", None).await.unwrap();
+    let mut attempts: Vec<_> = found.iter().map(|i| i.tags.attempt_id.clone()).collect();
+    attempts.sort();
+    assert_eq!(attempts, ["f4", "f5"]);
+    assert_eq!(fake.creates(), 5);
+
+    let wrong = adapter(&fake, "wrong-token");
+    let e = wrong.create(spec("sb-w", "w1", None)).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::UnboundAccount);
+    assert!(!e.message.contains("wrong-token"), "{e}");
+    assert_eq!(
+        wrong.check().await.unwrap_err().class,
+        ErrorClass::UnboundAccount
+    );
+    assert!(cf.check().await.is_ok());
+}
