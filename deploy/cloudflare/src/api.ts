@@ -1,6 +1,7 @@
 // The bridge's HTTP contract: every request and response body sandgate's Cloudflare adapter
 // sends or reads. This file is the contract: the bridge (index.ts) is typechecked against it,
-// so a field renamed here fails the bridge's build until both sides agree. Types only.
+// and so are the fake bridge's real answers (test/fake-samples.ts), so a field renamed here fails
+// both until they agree. Types only.
 
 // Every request carries `Authorization: Bearer <SANDGATE_BRIDGE_TOKEN>`; see README.
 

@@ -50,6 +50,7 @@ struct Inner {
     sandboxes: BTreeMap<String, FakeSandbox>,
     script: VecDeque<String>,
     creates: usize,
+    create_bodies: Vec<Value>,
 }
 
 struct Shared {
@@ -167,6 +168,11 @@ impl FakeCloudflare {
 
     pub fn sandboxes(&self) -> Vec<FakeSandbox> {
         self.shared.lock().sandboxes.values().cloned().collect()
+    }
+
+    /// The JSON bodies of the creates that reached the fake, in order.
+    pub fn create_bodies(&self) -> Vec<Value> {
+        self.shared.lock().create_bodies.clone()
     }
 
     /// How many create requests reached the fake.
@@ -333,6 +339,9 @@ async fn create(shared: &Shared, body: &[u8]) -> Reply {
     let fault = {
         let mut inner = shared.lock();
         inner.creates += 1;
+        if let Ok(b) = serde_json::from_slice::<Value>(body) {
+            inner.create_bodies.push(b);
+        }
         inner.script.pop_front()
     };
     match fault.as_deref() {
