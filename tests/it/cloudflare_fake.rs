@@ -1,7 +1,9 @@
 //! The Cloudflare adapter (`sandgate::providers::cloudflare`) driven through the `Provider`
 //! trait against the fake bridge Worker (`tests/it/common/fakes/cloudflare.rs`) over a real
 //! socket: create/get/list/delete, exec in order with the exit code, files, the lock-down
-//! and the environment the sandbox gets, and each row of the failure table.
+//! and the environment the sandbox gets, and each row of the failure table; then the fake's
+//! answers checked against the bridge's TypeScript contract, and one restricted create through
+//! a real `sandgate serve`.
 
 use crate::common;
 
@@ -346,4 +348,107 @@ async fn the_fakes_answers_are_the_bridges_types() {
         "deploy/cloudflare/test/fake-samples.ts is not what the fake answers: regenerate it \
          (SANDGATE_UPDATE_SAMPLES=1 cargo test --test it -- cloudflare) and run deploy/cloudflare/check.sh"
     );
+}
+
+/// Through a real `sandgate serve`: a restricted create on a `cloudflare` pool is locked to the
+/// gateway, `GET /v1/sandboxes/{id}` shows the lock-down in the bridge's field names, and the
+/// sandbox gets the proxy variables with its own identity and sandgate's CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restricted_create_through_the_gateway_is_locked() {
+    common::init();
+    let fake = FakeCloudflare::start().await;
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("cloudflare.key");
+    std::fs::write(&key, fake.token()).unwrap();
+    const API_TOKEN: &str = "api-token-ws-a-0123456789";
+    let gw = common::Gateway::start(common::GatewayOptions {
+        identities: vec![],
+        // The advertised proxy address; this test does not dial it.
+        proxy_toml: "public_url = \"http://127.0.0.1:3999\"\n".into(),
+        extra_toml: format!(
+            r#"
+[[api.tokens]]
+token = "{API_TOKEN}"
+principal = "alice"
+workspace = "ws-a"
+[create]
+short_wait_ms = 8000
+
+[[providers]]
+name = "cloudflare"
+
+[[accounts]]
+name = "cf-main"
+provider = "cloudflare"
+base_url = "{url}"
+api_key_file = {key:?}
+
+[[pools]]
+name = "cf"
+provider = "cloudflare"
+account = "cf-main"
+"#,
+            url = fake.url(),
+            key = key.display().to_string(),
+        ),
+        ..common::GatewayOptions::default()
+    })
+    .await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let created: serde_json::Value = http
+        .post(gw.api("/v1/sandboxes"))
+        .bearer_auth(API_TOKEN)
+        .json(&json!({"network": {"allow_domains": ["api.a.test"]}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created:#}"))
+        .to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let view = loop {
+        let view: serde_json::Value = http
+            .get(gw.api(&format!("/v1/sandboxes/{id}")))
+            .bearer_auth(API_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let placing = ["pending", "provisioning", "reconciling"]
+            .contains(&view["state"].as_str().unwrap_or_default());
+        if !placing || std::time::Instant::now() > deadline {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(view["state"], "running", "{view:#}");
+    assert_eq!(view["placement"]["pool"], "cf", "{view:#}");
+    assert_eq!(view["egress"]["enforcement"], "gateway", "{view:#}");
+    let locked = json!({"enableInternet": false, "allowedHosts": ["127.0.0.1"]});
+    assert_eq!(view["placement"]["lockdown"], locked, "{view:#}");
+    let instance = view["placement"]["instance_id"].as_str().unwrap();
+    let sandbox = fake
+        .sandbox(instance)
+        .expect("the sandbox is in the fake's inventory");
+    assert_eq!(sandbox.outbound, locked);
+    assert_eq!(sandbox.labels["sandgate_sandbox"], id);
+    assert!(sandbox.env["HTTPS_PROXY"].starts_with(&format!("http://{id}:")));
+    assert_eq!(
+        fake.file(instance, &sandbox.env["SSL_CERT_FILE"])
+            .as_deref(),
+        Some(&gw.sandgate_ca_pem[..])
+    );
+    for (k, v) in &sandbox.env {
+        assert!(!v.contains(fake.token()), "{k}");
+    }
 }
