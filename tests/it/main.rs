@@ -12,6 +12,7 @@ mod api_input;
 mod aws_sigv4;
 mod blaxel_fake;
 mod cli;
+mod cloudflare_fake;
 mod create_events;
 mod credentials;
 mod daytona_fake;

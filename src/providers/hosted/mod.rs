@@ -1,5 +1,6 @@
-//! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop, Prime Intellect, Blaxel), the
-//! layer they share, and building one adapter per `[[accounts]]` entry.
+//! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop, Prime Intellect, Blaxel,
+//! Cloudflare through its bridge Worker), the layer they share, and building one adapter per
+//! `[[accounts]]` entry.
 //!
 //! Contract:
 //! - One adapter per account, shared by every pool on it (they share its HTTP connections
@@ -22,6 +23,7 @@ pub mod poll;
 pub mod tags;
 
 pub mod blaxel;
+pub mod cloudflare;
 pub mod daytona;
 pub mod e2b;
 pub mod prime;
@@ -37,6 +39,7 @@ pub use account::{api_key, AccountError};
 
 use account::{check_base_url, OptionError};
 use blaxel::{Blaxel, BlaxelAccount};
+use cloudflare::{Cloudflare, CloudflareAccount};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
 use prime::{Prime, PrimeAccount};
@@ -56,6 +59,7 @@ pub fn has_adapter(kind: ProviderKind) -> bool {
             | ProviderKind::Runloop
             | ProviderKind::PrimeIntellect
             | ProviderKind::Blaxel
+            | ProviderKind::Cloudflare
     )
 }
 
@@ -129,6 +133,13 @@ pub fn build(
         ProviderKind::Blaxel => {
             adapter(account, key, tls, BlaxelAccount::from_options, Blaxel::new)?
         }
+        ProviderKind::Cloudflare => adapter(
+            account,
+            key,
+            tls,
+            CloudflareAccount::from_options,
+            Cloudflare::new,
+        )?,
         _ => return Ok(None),
     };
     Ok(Some(adapter))

@@ -2,6 +2,7 @@
 //! Each is proven against the provider's official SDK (see each module's documentation).
 
 pub mod blaxel;
+pub mod cloudflare;
 pub mod daytona;
 pub mod e2b;
 pub mod prime;
