@@ -76,26 +76,34 @@ impl ErrorReply {
 
     /// Builds the HTTP response with any body type constructible from bytes.
     pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
-        let body = Bytes::from(serde_json::to_vec(&self.body()).unwrap_or_default());
-        let mut response = Response::new(B::from(body));
-        *response.status_mut() = self.status;
-        let headers = response.headers_mut();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(ERROR_HEADER, HeaderValue::from_static(self.error.code));
-        headers.insert(
-            http::header::CACHE_CONTROL,
-            HeaderValue::from_static("no-store"),
-        );
-        if let Retry::After(wait) = self.error.retry {
-            // Clients that honour it come back once the cause may have passed.
-            let secs = wait.as_secs().max(1);
-            headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
+        render(self.status, &self.error)
     }
+}
+
+/// The answer for `error` with `status`: the error shape, `X-Sandgate-Error`, `no-store`,
+/// and `Retry-After` when the error knows how long to wait. Borrows the error, so the proxy
+/// writes a refusal without copying it.
+pub fn render<B: From<Bytes>>(status: StatusCode, error: &Error) -> Response<B> {
+    let body = json!({"error": error.record()});
+    let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+    let mut response = Response::new(B::from(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(ERROR_HEADER, HeaderValue::from_static(error.code));
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    if let Retry::After(wait) = error.retry {
+        // Clients that honour it come back once the cause may have passed.
+        let secs = wait.as_secs().max(1);
+        headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
 }
 
 #[cfg(test)]

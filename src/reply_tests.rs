@@ -2,7 +2,7 @@ use http::StatusCode;
 use http_body_util::Full;
 
 use super::*;
-use crate::error::{Details, Error, Kind};
+use crate::error::{Error, Kind};
 
 fn body_of(reply: &ErrorReply) -> (http::Response<Full<Bytes>>, Value) {
     let response = reply.to_response::<Full<Bytes>>();
@@ -46,5 +46,4 @@ fn the_answer_carries_code_header_no_store_and_retry_after_when_known() {
         serde_json::json!({"error": {"code": "invalid_request", "message": "too long",
             "details": {"field": "labels.team"}}})
     );
-    let _ = Details::default();
 }

@@ -14,7 +14,6 @@ use hyper::body::{Body, Frame, SizeHint};
 use crate::credentials::apply::trailers_mention_placeholder;
 use crate::credentials::scrub::{scrub_headers, Scrubber, StreamScrub};
 use crate::error::Error;
-use crate::reply::ErrorReply;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -28,8 +27,7 @@ pub(crate) fn full(bytes: impl Into<Bytes>) -> ProxyBody {
 /// The proxy's response writer: a refusal or failure as the error shape (407 for missing
 /// proxy credentials), the one place the egress path turns an [`Error`] into HTTP.
 pub(crate) fn reply(error: &Error) -> http::Response<ProxyBody> {
-    ErrorReply::proxy(error.clone())
-        .to_response::<Full<Bytes>>()
+    crate::reply::render::<Full<Bytes>>(crate::reply::proxy_status(error.kind), error)
         .map(|b| b.map_err(|never| match never {}).boxed())
 }
 
