@@ -1,5 +1,5 @@
 //! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop, Prime Intellect, Blaxel,
-//! Cloudflare through its bridge Worker), the layer they share, and building one adapter per
+//! Cloudflare through its bridge Worker, Modal over gRPC), the layer they share, and building one adapter per
 //! `[[accounts]]` entry.
 //!
 //! Contract:
@@ -43,6 +43,7 @@ use blaxel::{Blaxel, BlaxelAccount};
 use cloudflare::{Cloudflare, CloudflareAccount};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
+use modal::{Modal, ModalAccount};
 use prime::{Prime, PrimeAccount};
 use runloop::{Runloop, RunloopAccount};
 use vercel::{Vercel, VercelAccount};
@@ -61,6 +62,7 @@ pub fn has_adapter(kind: ProviderKind) -> bool {
             | ProviderKind::PrimeIntellect
             | ProviderKind::Blaxel
             | ProviderKind::Cloudflare
+            | ProviderKind::Modal
     )
 }
 
@@ -141,6 +143,7 @@ pub fn build(
             CloudflareAccount::from_options,
             Cloudflare::new,
         )?,
+        ProviderKind::Modal => adapter(account, key, tls, ModalAccount::from_options, Modal::new)?,
         _ => return Ok(None),
     };
     Ok(Some(adapter))

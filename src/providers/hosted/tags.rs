@@ -20,6 +20,24 @@ use crate::providers::{Instance, Tags};
 pub const TAG_SANDBOX: &str = "sandgate_sandbox";
 pub const TAG_ATTEMPT: &str = "sandgate_attempt";
 
+/// A fresh canonical UUID (v4), for the ids a provider wants from its client (Prime's
+/// command sessions, Modal's exec ids): some refuse any other spelling.
+pub fn uuid_v4() -> String {
+    let mut b = [0u8; 16];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex = hex::encode(b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
 /// The tags of a create, as the provider's JSON key/value object.
 pub fn tag_object(tags: &Tags) -> Value {
     json!({TAG_SANDBOX: tags.sandbox_id, TAG_ATTEMPT: tags.attempt_id})

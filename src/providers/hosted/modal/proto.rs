@@ -284,6 +284,8 @@ pub struct SandboxInfo {
     pub name: String,
     #[prost(string, tag = "8")]
     pub image_id: String,
+    #[prost(uint32, tag = "11")]
+    pub timeout_secs: u32,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -457,3 +459,35 @@ pub struct TaskExecWaitResponse {
     #[prost(oneof = "ExitStatus", tags = "1, 2")]
     pub exit_status: Option<ExitStatus>,
 }
+
+/// `google.protobuf.Any`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Any {
+    #[prost(string, tag = "1")]
+    pub type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+/// `modal.client.RPCStatus`: what Modal puts in `grpc-status-details-bin` (the SDK's
+/// `CustomProtoStatusDetailsCodec` reads it; its detail types are packed under
+/// `type.modal.com/`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    #[prost(string, tag = "2")]
+    pub message: String,
+    #[prost(message, repeated, tag = "3")]
+    pub details: Vec<Any>,
+}
+
+/// `modal.client.RPCRetryPolicy`: a throttled call's wait before trying again.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcRetryPolicy {
+    #[prost(float, tag = "1")]
+    pub retry_after_secs: f32,
+}
+
+/// The type URL suffix of [`RpcRetryPolicy`] in an [`RpcStatus`]'s details.
+pub const RETRY_POLICY_TYPE: &str = "modal.client.RPCRetryPolicy";

@@ -17,6 +17,7 @@ use super::{op_error, Prime};
 use crate::e2b::connect as connect_rpc;
 use crate::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason};
 use crate::providers::hosted::http::{HttpFailure, ProviderHttp};
+use crate::providers::hosted::tags::uuid_v4;
 use crate::providers::{OpError, OpErrorKind};
 
 const START: &str = "command_session.CommandSession/Start";
@@ -127,27 +128,10 @@ impl Events {
     }
 }
 
-/// A fresh canonical UUID (v4); Prime's sandbox daemon refuses other spellings.
-fn uuid() -> String {
-    let mut b = [0u8; 16];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 /// Sends SIGKILL to a command session (best effort: a failure is logged).
 async fn kill(http: ProviderHttp, auth: GatewayAuth, session: String) {
     let url = format!("{}/{SEND_SIGNAL}", auth.base());
-    let body = proto::send_signal_request(&session, proto::SIGNAL_SIGKILL, &uuid());
+    let body = proto::send_signal_request(&session, proto::SIGNAL_SIGKILL, &uuid_v4());
     let request = http
         .request_plain(Method::POST, &url)
         .bearer_auth(&auth.token)
@@ -281,7 +265,7 @@ impl Prime {
                 "argv must name a program",
             ));
         }
-        let session = uuid();
+        let session = uuid_v4();
         let payload = proto::start_request(&spec.argv, &spec.env, spec.cwd.as_deref(), &session);
         let body = connect_rpc::envelope(&payload);
         let (response, auth) = self
