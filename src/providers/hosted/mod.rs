@@ -10,8 +10,8 @@
 //!   [`account`] (key, base URL, option checks), [`http`] (authenticated calls, retries,
 //!   redaction), [`errors`] (the failure table each adapter declares, applied by one
 //!   function), [`poll`] (waiting for a provider-side state), [`tags`] (the tags a create
-//!   carries and reconciliation's tag listing), [`lockdown`] (the gateway as a native allow
-//!   entry and the CA step). An adapter module holds only what is provider specific: its
+//!   carries, reconciliation's tag listing, client-made ids), [`shell`] (an argv as one
+//!   quoted shell line), [`lockdown`] (the gateway as a native allow entry and the CA step). An adapter module holds only what is provider specific: its
 //!   wire types, paths, bodies and tables.
 //! - A new adapter is a directory here, an arm in [`build`] and [`has_adapter`].
 
@@ -20,6 +20,7 @@ pub mod errors;
 pub mod http;
 pub mod lockdown;
 pub mod poll;
+pub mod shell;
 pub mod tags;
 
 pub mod blaxel;

@@ -16,7 +16,7 @@ use super::wire::ProcessView;
 use super::{op_error, Blaxel};
 use crate::ops::{ExecEvent, ExecSpec, ExitInfo, ExitReason};
 use crate::providers::hosted::http::{path_segment, ProviderHttp};
-use crate::providers::hosted::runloop::shell_quote;
+use crate::providers::hosted::shell::shell_quote;
 use crate::providers::{OpError, OpErrorKind};
 
 /// How long one streamed command may run at most on sandgate's side of the connection.

@@ -25,7 +25,7 @@
 //!   (the bridge's own inventory, strongly consistent), filtered again here; `failed` ones
 //!   are left out (the bridge destroys a failed create's container). `delete`:
 //!   `DELETE /v1/sandbox/{id}`, 204 also when absent (404 is success too).
-//! - Exec: the argv is quoted into one POSIX shell line (runloop's [`command_line`]), the
+//! - Exec: the argv is quoted into one POSIX shell line (the shared [`command_line`]), the
 //!   spec's env and cwd go as the bridge's `env`/`cwd`, its timeout as `timeoutMs`; the answer
 //!   is one SSE stream of `stdout`/`stderr` events in the order written, ended by `exit` or
 //!   `error`. Cancel drops the stream (the SDK's timeout is what kills a process: there is no
@@ -55,7 +55,7 @@ use super::lockdown::{gateway_addr, GatewayAddr};
 use crate::credentials::Secret;
 use crate::providers::{ErrorClass, OpError, OpErrorKind, ProviderError, RemoteEgress};
 
-pub use super::runloop::command_line;
+pub use super::shell::command_line;
 
 /// Where sandgate's CA goes inside a sandbox (the SDK's image runs as root, home `/root`;
 /// `/workspace` is the SDK's working directory, which a user's files may replace).

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, Notify};
 use super::wire::ExecuteAnswer;
 use super::{Daytona, MAX_EXEC_SECS};
 use crate::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason};
+use crate::providers::hosted::shell::quote_argv;
 use crate::providers::{OpError, OpErrorKind};
 
 impl Daytona {
@@ -136,21 +137,4 @@ fn failed_exec(message: &str) -> Vec<ExecEvent> {
             reason: ExitReason::Exited,
         }),
     ]
-}
-
-/// Quotes each argument for a POSIX shell (single quotes; `'` as `'\''`) and joins them.
-pub fn quote_argv(argv: &[String]) -> String {
-    argv.iter()
-        .map(|arg| shell_quote(arg))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn shell_quote(arg: &str) -> String {
-    let safe = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
-    if !arg.is_empty() && arg.chars().all(safe) {
-        arg.to_string()
-    } else {
-        format!("'{}'", arg.replace('\'', r"'\''"))
-    }
 }

@@ -87,7 +87,7 @@ use crate::providers::{
 };
 use wire::{ListAnswer, SandboxDto};
 
-pub use exec::quote_argv;
+pub use super::shell::quote_argv;
 
 /// Where sandgate's CA goes inside a Daytona sandbox (the default user `daytona`'s home).
 pub const CA_PATH: &str = "/home/daytona/.sandgate/ca.pem";

@@ -13,55 +13,9 @@ use tokio::sync::mpsc;
 
 use super::wire::ExecutionView;
 use super::{op_error, request_id, EXEC_LONG_POLL_SECS, REQUEST_ID, STREAM_GRACE};
-use crate::ops::{ExecEvent, ExecSpec, ExitInfo, ExitReason};
+use crate::ops::{ExecEvent, ExitInfo, ExitReason};
 use crate::providers::hosted::http::{path_segment, ProviderHttp};
 use crate::providers::{OpError, OpErrorKind};
-
-/// One argument quoted for a POSIX shell: `'...'`, each `'` as `'\''`.
-pub fn shell_quote(arg: &str) -> String {
-    if !arg.is_empty()
-        && arg
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./:=@%+,".contains(&b))
-    {
-        return arg.to_string();
-    }
-    format!("'{}'", arg.replace('\'', r"'\''"))
-}
-
-/// The shell command line that runs `spec` as given: `cd <cwd> && K=V ... exec argv...`.
-pub fn command_line(spec: &ExecSpec) -> Result<String, OpError> {
-    if spec.argv.is_empty() || spec.argv[0].is_empty() {
-        return Err(OpError::new(
-            OpErrorKind::Invalid,
-            "argv must name a program",
-        ));
-    }
-    let mut line = String::new();
-    if let Some(cwd) = &spec.cwd {
-        line.push_str(&format!("cd {} && ", shell_quote(cwd)));
-    }
-    for (key, value) in &spec.env {
-        let valid = key
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            return Err(OpError::new(
-                OpErrorKind::Invalid,
-                format!("{key:?} is not a valid environment variable name"),
-            ));
-        }
-        line.push_str(&format!("{key}={} ", shell_quote(value)));
-    }
-    line.push_str("exec");
-    for arg in &spec.argv {
-        line.push(' ');
-        line.push_str(&shell_quote(arg));
-    }
-    Ok(line)
-}
 
 /// Long-polls `wait_for_status` until the execution is `completed` (408: poll again).
 pub(super) async fn wait_completed(

@@ -82,7 +82,7 @@ use crate::providers::{CreateSpec, ErrorClass, OpError, OpErrorKind, ProviderErr
 use exec::wait_completed;
 use wire::{DevboxView, ExecutionView, PolicyList};
 
-pub use exec::{command_line, shell_quote};
+pub use super::shell::{command_line, shell_quote};
 /// Where sandgate's CA goes inside a devbox (the default user's home, `/home/user`).
 pub const CA_PATH: &str = "/home/user/.sandgate/ca.pem";
 const CA_DIR: &str = "/home/user/.sandgate";

@@ -43,59 +43,6 @@ fn rate_limits_keep_retry_after() {
     assert_eq!(e.retry_after, Some(Duration::from_secs(7)));
 }
 
-#[test]
-fn shell_quoting() {
-    assert_eq!(shell_quote("plain-word_1.txt"), "plain-word_1.txt");
-    assert_eq!(shell_quote(""), "''");
-    assert_eq!(shell_quote("a b"), "'a b'");
-    assert_eq!(shell_quote("it's"), r"'it'\''s'");
-    assert_eq!(shell_quote("$HOME;rm -rf /"), "'$HOME;rm -rf /'");
-    assert_eq!(shell_quote("a\nb"), "'a\nb'");
-    assert_eq!(shell_quote("*"), "'*'");
-    // What sh makes of it: the same words.
-    let args = ["echo", "it's", "$X", "a  b", "", "\\", "\"q\"", "`id`"];
-    let line = args
-        .iter()
-        .map(|a| shell_quote(a))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let out = std::process::Command::new("sh")
-        .args(["-c", &format!("printf '%s\\0' {line}")])
-        .output()
-        .unwrap();
-    let words: Vec<String> = String::from_utf8(out.stdout)
-        .unwrap()
-        .split('\0')
-        .filter(|_| true)
-        .map(str::to_string)
-        .collect();
-    assert_eq!(&words[..args.len()], &args.map(str::to_string)[..]);
-}
-
-#[test]
-fn command_lines() {
-    let spec = ExecSpec {
-        argv: vec!["ls".into(), "-l".into(), "my dir".into()],
-        env: BTreeMap::from([("A_B".to_string(), "x y".to_string())]),
-        cwd: Some("/home/user/w s".into()),
-        timeout: None,
-    };
-    assert_eq!(
-        command_line(&spec).unwrap(),
-        "cd '/home/user/w s' && A_B='x y' exec ls -l 'my dir'"
-    );
-    let bad = ExecSpec {
-        argv: vec!["true".into()],
-        env: BTreeMap::from([("A-B".to_string(), "x".to_string())]),
-        ..ExecSpec::default()
-    };
-    assert_eq!(command_line(&bad).unwrap_err().kind, OpErrorKind::Invalid);
-    assert_eq!(
-        command_line(&ExecSpec::default()).unwrap_err().kind,
-        OpErrorKind::Invalid
-    );
-}
-
 fn egress(host: &str, lock: bool) -> RemoteEgress {
     RemoteEgress {
         proxy_url: "https://sb:tok@gw.example:8443".into(),
