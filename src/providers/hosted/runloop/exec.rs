@@ -15,7 +15,7 @@ use super::wire::ExecutionView;
 use super::{op_error, request_id, EXEC_LONG_POLL_SECS, REQUEST_ID, STREAM_GRACE};
 use crate::ops::{ExecEvent, ExitInfo, ExitReason};
 use crate::providers::hosted::http::{path_segment, ProviderHttp};
-use crate::providers::{OpError, OpErrorKind};
+use crate::providers::OpError;
 
 /// Long-polls `wait_for_status` until the execution is `completed` (408: poll again).
 pub(super) async fn wait_completed(

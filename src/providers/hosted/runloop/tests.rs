@@ -1,8 +1,7 @@
-//! The failure table, quoting, command lines, policies, options and SSE parsing.
+//! The failure table, policies, options and SSE parsing.
 
 use super::exec::{parse_event, split_event};
 use super::*;
-use crate::ops::{ExecSpec, OpErrorKind};
 
 fn failure(status: Option<u16>, sent: bool) -> HttpFailure {
     crate::providers::hosted::errors::test_failure(status, json!({"message": "x"}), sent)
