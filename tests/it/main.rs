@@ -32,6 +32,8 @@ mod hosted_failover;
 mod local_provider;
 mod localbox;
 mod minted_credentials;
+mod modal_adapter;
+mod modal_fake;
 mod openapi;
 mod policy_agreement;
 mod policy_layers;

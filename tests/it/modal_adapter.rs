@@ -115,7 +115,9 @@ async fn a_locked_create_runs_with_the_allowlist_env_and_ca() {
         .create(spec("sb-1", "sb-1-a1", Some(egress("203.0.113.7", true))))
         .await
         .expect("the create succeeds");
-    let sandbox = fake.sandbox(&instance.id).expect("the sandbox is at the fake");
+    let sandbox = fake
+        .sandbox(&instance.id)
+        .expect("the sandbox is at the fake");
     assert_eq!(sandbox.state, "running");
     assert_eq!(sandbox.tags["sandgate_sandbox"], "sb-1");
     assert_eq!(sandbox.tags["sandgate_attempt"], "sb-1-a1");
@@ -150,7 +152,12 @@ async fn a_locked_create_runs_with_the_allowlist_env_and_ca() {
         Some(CA_PEM.as_bytes())
     );
     // The sandbox's own processes see the variables.
-    let seen = run(&provider, &instance.id, argv(&["sh", "-c", "echo $HTTPS_PROXY"])).await;
+    let seen = run(
+        &provider,
+        &instance.id,
+        argv(&["sh", "-c", "echo $HTTPS_PROXY"]),
+    )
+    .await;
     assert_eq!(seen.stdout, b"http://sb-1:0123abcd@203.0.113.7:3128\n");
 
     // An advisory pool: variables and CA, an open network.
@@ -161,10 +168,17 @@ async fn a_locked_create_runs_with_the_allowlist_env_and_ca() {
     let open = fake.sandbox(&advisory.id).unwrap();
     assert_eq!(open.network_access_type, "OPEN");
     assert!(open.allowed_cidrs.is_empty());
-    assert_eq!(open.env["HTTPS_PROXY"], "http://sb-1:0123abcd@203.0.113.7:3128");
+    assert_eq!(
+        open.env["HTTPS_PROXY"],
+        "http://sb-1:0123abcd@203.0.113.7:3128"
+    );
     // A named gateway: Modal's domain allow list, alone.
     let named = provider
-        .create(spec("sb-3", "sb-3-a1", Some(egress("gw.sandgate.test", true))))
+        .create(spec(
+            "sb-3",
+            "sb-3-a1",
+            Some(egress("gw.sandgate.test", true)),
+        ))
         .await
         .unwrap();
     let named = fake.sandbox(&named.id).unwrap();
@@ -219,8 +233,14 @@ async fn exec_files_snapshots_list_and_delete() {
     let first = tokio::time::timeout(Duration::from_secs(10), stream.events.recv())
         .await
         .unwrap();
-    assert!(matches!(first, Some(ExecEvent::Stdout(ref b)) if &b[..] == b"first\n"), "{first:?}");
-    assert!(started.elapsed() < Duration::from_millis(1500), "not streamed");
+    assert!(
+        matches!(first, Some(ExecEvent::Stdout(ref b)) if &b[..] == b"first\n"),
+        "{first:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "not streamed"
+    );
     while let Some(event) = stream.events.recv().await {
         if let ExecEvent::Exit(info) = event {
             assert_eq!(info.code, Some(0));
@@ -254,9 +274,15 @@ async fn exec_files_snapshots_list_and_delete() {
         .write_file(&id, "/root/work/deep/blob.bin", blob.clone())
         .await
         .unwrap();
-    assert_eq!(fake.file(&id, "/root/work/deep/blob.bin"), Some(blob.clone()));
     assert_eq!(
-        provider.read_file(&id, "/root/work/deep/blob.bin").await.unwrap(),
+        fake.file(&id, "/root/work/deep/blob.bin"),
+        Some(blob.clone())
+    );
+    assert_eq!(
+        provider
+            .read_file(&id, "/root/work/deep/blob.bin")
+            .await
+            .unwrap(),
         blob
     );
     let missing = provider.read_file(&id, "/root/nope.txt").await.unwrap_err();
@@ -275,7 +301,10 @@ async fn exec_files_snapshots_list_and_delete() {
     let restored = provider.create(restore).await.unwrap();
     assert_eq!(fake.sandbox(&restored.id).unwrap().image_id, snap.id);
     assert_eq!(
-        provider.read_file(&restored.id, "/root/notes.txt").await.unwrap(),
+        provider
+            .read_file(&restored.id, "/root/notes.txt")
+            .await
+            .unwrap(),
         b"text file\n"
     );
     provider.delete(&restored.id).await.unwrap();
@@ -287,7 +316,10 @@ async fn exec_files_snapshots_list_and_delete() {
     let caps = provider.capabilities(&id).await.unwrap();
     assert!(caps.process_execute && caps.process_ordered_output && !caps.process_cancel);
     assert!(caps.filesystem_read && caps.filesystem_write && !caps.pause_resume);
-    let other = provider.create(spec("sb-y", "sb-y-a1", None)).await.unwrap();
+    let other = provider
+        .create(spec("sb-y", "sb-y-a1", None))
+        .await
+        .unwrap();
     let found = provider.list_by_tag("sb-x", None).await.unwrap();
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].id, id);
@@ -298,7 +330,10 @@ async fn exec_files_snapshots_list_and_delete() {
         .unwrap()
         .is_empty());
     let got = provider.get(&id).await.unwrap().unwrap();
-    assert_eq!((got.id.as_str(), got.tags.sandbox_id.as_str()), (id.as_str(), "sb-x"));
+    assert_eq!(
+        (got.id.as_str(), got.tags.sandbox_id.as_str()),
+        (id.as_str(), "sb-x")
+    );
     assert!(provider.get("sb-missing").await.unwrap().is_none());
 
     // Delete: twice is fine, absent is fine; a deleted sandbox is gone to sandgate.
@@ -396,7 +431,10 @@ async fn failures_are_classified_as_documented() {
     let e = wrong.create(spec("sb-w", "w1", None)).await.unwrap_err();
     assert_eq!(e.class, ErrorClass::UnboundAccount, "{e}");
     assert!(!e.message.contains("as-wrong-secret"), "{e}");
-    assert_eq!(wrong.check().await.unwrap_err().class, ErrorClass::UnboundAccount);
+    assert_eq!(
+        wrong.check().await.unwrap_err().class,
+        ErrorClass::UnboundAccount
+    );
     // An image not on the account: unsupported, nothing made.
     let live = fake.live_count();
     let mut restore = spec("sb-s", "s1", None);
@@ -440,7 +478,9 @@ async fn a_task_never_scheduled_is_capacity_naming_the_sandbox() {
     let provider = adapter(&fake, &[("boot_timeout_secs", "1")]);
     let e = provider.create(spec("sb-b", "b1", None)).await.unwrap_err();
     assert_eq!(e.class, ErrorClass::Capacity, "{e}");
-    let id = e.instance_id.expect("the unscheduled sandbox is named for cleanup");
+    let id = e
+        .instance_id
+        .expect("the unscheduled sandbox is named for cleanup");
     assert!(fake.sandbox(&id).is_some());
 }
 
@@ -665,7 +705,7 @@ async fn a_restricted_create_on_modal_is_locked_to_the_gateway() {
     let env = start("", false).await;
     let pools = env.get("/v1/pools").await;
     let pool = &pools["pools"][0];
-    assert_eq!(pool["name"], "a-modal", "{pools:#}");
+    assert_eq!(pool["pool"], "a-modal", "{pools:#}");
     assert_eq!(pool["egress"], "gateway", "{pools:#}");
     let view = env
         .settled(json!({"network": {"allow_domains": ["api.a.test"]}}))
@@ -743,7 +783,11 @@ async fn a_restricted_create_on_modal_is_locked_to_the_gateway() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn capacity_on_modal_advances_to_blaxel_under_one_sandbox_id() {
-    let env = start("provisioning_window_ms = 200\nretry_backoff_ms = 20\n", true).await;
+    let env = start(
+        "provisioning_window_ms = 200\nretry_backoff_ms = 20\n",
+        true,
+    )
+    .await;
     let blaxel = env.blaxel.as_ref().unwrap();
     env.modal
         .script(["capacity", "capacity", "capacity", "capacity", "capacity"]);
@@ -779,7 +823,12 @@ async fn a_timeout_after_send_on_modal_is_reconciled_by_tag_with_no_duplicate() 
         .into_iter()
         .filter(|o| !matches!(o, CreateOutcome::Replayed | CreateOutcome::Rejected))
         .collect();
-    assert_eq!(made, vec![CreateOutcome::TimeoutAfterSend], "{:?}", env.modal.create_log());
+    assert_eq!(
+        made,
+        vec![CreateOutcome::TimeoutAfterSend],
+        "{:?}",
+        env.modal.create_log()
+    );
     // Adopted, then finished like a create: the CA is in place.
     let ca = env.modal.file(&live[0].id, CA_PATH);
     assert_eq!(ca.as_deref(), Some(env.gw.sandgate_ca_pem.as_slice()));
@@ -787,7 +836,11 @@ async fn a_timeout_after_send_on_modal_is_reconciled_by_tag_with_no_duplicate() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failure_rows_on_the_modal_pool_are_recorded_as_documented() {
-    let env = start("provisioning_window_ms = 200\nretry_backoff_ms = 20\n", false).await;
+    let env = start(
+        "provisioning_window_ms = 200\nretry_backoff_ms = 20\n",
+        false,
+    )
+    .await;
     for (script, class) in [
         ("capacity", "capacity"),
         ("outage", "outage"),

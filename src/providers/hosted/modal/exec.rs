@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, Notify};
 use tonic::Code;
 
-use super::grpc::{self, GrpcFailure, Meta, Rpc};
+use super::grpc::{GrpcFailure, Meta, Rpc};
 use super::{op_error, proto, Modal, Router};
 use crate::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason};
 use crate::providers::hosted::tags::uuid_v4;
@@ -77,13 +77,13 @@ impl Modal {
             .call(proto::client::TASK_GET_COMMAND_ROUTER_ACCESS, request)
             .await
             .map_err(op_error)?;
-        let channel = grpc::channel(&access.url, &self.tls)
-            .map_err(|m| OpError::new(OpErrorKind::Provider, m))?;
         let meta = Meta::bearer(&access.jwt).map_err(|m| OpError::new(OpErrorKind::Provider, m))?;
+        let rpc = Rpc::new(&access.url, &self.tls, meta)
+            .map_err(|m| OpError::new(OpErrorKind::Provider, m))?;
         let left = jwt_expiry(&access.jwt).unwrap_or(AUTH_DEFAULT + AUTH_MARGIN);
         let router = Router {
             task_id,
-            rpc: Rpc::new(channel, meta),
+            rpc,
             renew_at: Instant::now() + left.saturating_sub(AUTH_MARGIN),
         };
         self.routers
@@ -167,7 +167,17 @@ impl Modal {
                         .timeout
                         .map(|t| t.as_secs_f64().ceil().clamp(1.0, u32::MAX as f64) as u32),
                     workdir: spec.cwd.clone(),
-                    env: spec.env.clone().into_iter().collect(),
+                    // The environment inline, as the SDK sends it.
+                    secret_sources: (!spec.env.is_empty())
+                        .then(|| proto::SecretSource {
+                            secret_id: String::new(),
+                            env: Some(proto::StringMap {
+                                contents: spec.env.clone().into_iter().collect(),
+                            }),
+                        })
+                        .into_iter()
+                        .collect(),
+                    ..Default::default()
                 }
             })
             .await?;

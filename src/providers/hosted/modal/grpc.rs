@@ -14,6 +14,7 @@
 //!   a connection that was never made is not sent; a reset, a timeout or any status is.
 //!   Secrets never appear in a failure's message (tonic's messages carry no metadata).
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
@@ -105,10 +106,22 @@ pub fn retry_policy(details: &[u8]) -> Option<Duration> {
         .map(|p| Duration::from_secs_f32(p.retry_after_secs.clamp(0.1, 3600.0)))
 }
 
-/// A lazily connected HTTP/2 channel to `url` with the adapter's TLS trust.
-pub fn channel(url: &str, tls: &rustls::ClientConfig) -> Result<Channel, String> {
+/// `url` as a tonic endpoint with the adapter's connect and keep-alive settings.
+fn endpoint(url: &str) -> Result<Endpoint, String> {
+    Ok(Endpoint::from_shared(url.to_string())
+        .map_err(|e| format!("not a URL modal can be reached at ({url}): {e}"))?
+        .connect_timeout(Duration::from_secs(10))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true))
+}
+
+/// A lazily connected HTTP/2 channel to `endpoint` with the adapter's TLS trust. It must be
+/// made inside the runtime: tonic spawns the channel's worker there.
+fn channel(endpoint: &Endpoint, tls: &rustls::ClientConfig) -> Channel {
+    // hyper-rustls sets ALPN itself (`h2` alone, from `enable_http2`) and refuses a config
+    // that already names protocols.
     let mut tls = tls.clone();
-    tls.alpn_protocols = vec![b"h2".to_vec()];
+    tls.alpn_protocols.clear();
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -117,12 +130,7 @@ pub fn channel(url: &str, tls: &rustls::ClientConfig) -> Result<Channel, String>
         .https_or_http()
         .enable_http2()
         .wrap_connector(http);
-    let endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| format!("not a URL modal can be reached at ({url}): {e}"))?
-        .connect_timeout(Duration::from_secs(10))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_while_idle(true);
-    Ok(endpoint.connect_with_connector_lazy(connector))
+    endpoint.connect_with_connector_lazy(connector)
 }
 
 /// The metadata every call on one channel carries.
@@ -178,13 +186,37 @@ impl Meta {
 /// One gRPC endpoint with its metadata.
 #[derive(Clone)]
 pub struct Rpc {
-    channel: Channel,
+    target: Arc<Target>,
     meta: Meta,
 }
 
+/// Where an [`Rpc`] connects, and its channel once the first call made it.
+struct Target {
+    endpoint: Endpoint,
+    tls: rustls::ClientConfig,
+    channel: OnceLock<Channel>,
+}
+
 impl Rpc {
-    pub fn new(channel: Channel, meta: Meta) -> Rpc {
-        Rpc { channel, meta }
+    /// Checks `url` now and connects on the first call, so an adapter can be built outside
+    /// the runtime (`sandgate provider check` builds its account before starting one).
+    pub fn new(url: &str, tls: &rustls::ClientConfig, meta: Meta) -> Result<Rpc, String> {
+        let target = Target {
+            endpoint: endpoint(url)?,
+            tls: tls.clone(),
+            channel: OnceLock::new(),
+        };
+        Ok(Rpc {
+            target: Arc::new(target),
+            meta,
+        })
+    }
+
+    fn channel(&self) -> Channel {
+        let t = &self.target;
+        t.channel
+            .get_or_init(|| channel(&t.endpoint, &t.tls))
+            .clone()
     }
 
     /// A unary call, bounded by `deadline` (sent as `grpc-timeout` too).
@@ -200,7 +232,7 @@ impl Rpc {
         R: Message + Default + Send + Sync + 'static,
     {
         let call = async {
-            let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+            let mut grpc = tonic::client::Grpc::new(self.channel());
             grpc.ready().await.map_err(|e| GrpcFailure {
                 code: None,
                 message: format!("modal cannot be reached: {e}"),
@@ -233,7 +265,7 @@ impl Rpc {
         Q: Message + Send + Sync + 'static,
         R: Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        let mut grpc = tonic::client::Grpc::new(self.channel());
         grpc.ready().await.map_err(|e| GrpcFailure {
             code: None,
             message: format!("modal cannot be reached: {e}"),

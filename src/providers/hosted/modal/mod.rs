@@ -238,14 +238,14 @@ pub fn lockdown(egress: &RemoteEgress) -> Option<serde_json::Value> {
 /// | answer | class |
 /// | --- | --- |
 /// | never reached (connect failed) | `outage` |
-/// | reached, no answer (`DEADLINE_EXCEEDED`, `CANCELLED`, a reset) | `unknown` |
+/// | reached, no answer (`DEADLINE_EXCEEDED`, `CANCELLED`, `UNKNOWN`: tonic's code for a connection that broke mid-call) | `unknown` |
 /// | `RESOURCE_EXHAUSTED` with an `RPCRetryPolicy` | `rate_limit` (its wait kept) |
 /// | `RESOURCE_EXHAUSTED` without | `capacity` |
 /// | `INVALID_ARGUMENT`, `OUT_OF_RANGE`, `FAILED_PRECONDITION` | `invalid_request` |
 /// | `UNAUTHENTICATED`, `PERMISSION_DENIED` | `unbound_account` |
 /// | `NOT_FOUND` (the app's image or a snapshot not on this account), `UNIMPLEMENTED` | `unsupported` |
 /// | `UNAVAILABLE` | `outage` |
-/// | `ABORTED`, `ALREADY_EXISTS`, `INTERNAL`, `UNKNOWN`, `DATA_LOSS` | `provider_error` |
+/// | `ABORTED`, `ALREADY_EXISTS`, `INTERNAL`, `DATA_LOSS` | `provider_error` |
 /// | a task that ends before running | `failed_before_running` |
 /// | no task within `boot_timeout_secs` | `capacity` |
 pub static CODES: &[(Code, ErrorClass)] = &[
@@ -259,6 +259,7 @@ pub static CODES: &[(Code, ErrorClass)] = &[
     (Code::Unavailable, ErrorClass::Outage),
     (Code::DeadlineExceeded, ErrorClass::Unknown),
     (Code::Cancelled, ErrorClass::Unknown),
+    (Code::Unknown, ErrorClass::Unknown),
 ];
 
 /// Codes of a failed sandbox operation, as its kind; any other is `Provider`.
@@ -356,10 +357,9 @@ impl std::fmt::Debug for Modal {
 
 impl Modal {
     pub fn new(account: ModalAccount, tls: rustls::ClientConfig) -> Result<Modal, String> {
-        let channel = grpc::channel(&account.base_url, &tls)?;
         let meta = Meta::tokens(&account.token_id, &account.token_secret)?;
         Ok(Modal {
-            control: Rpc::new(channel, meta),
+            control: Rpc::new(&account.base_url, &tls, meta)?,
             account,
             tls,
             app_id: tokio::sync::OnceCell::new(),

@@ -395,8 +395,28 @@ pub struct TaskExecStartRequest {
     pub timeout_secs: Option<u32>,
     #[prost(string, optional, tag = "7")]
     pub workdir: Option<String>,
+    /// In the schema, but the SDK (1.6.4) sends a command's environment as
+    /// `secret_sources` instead, and so does the adapter.
     #[prost(map = "string, string", tag = "12")]
     pub env: HashMap<String, String>,
+    #[prost(message, repeated, tag = "13")]
+    pub secret_sources: Vec<SecretSource>,
+}
+
+/// `modal.client.SecretSource`: a secret by id, or an environment given inline.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SecretSource {
+    #[prost(string, tag = "1")]
+    pub secret_id: String,
+    #[prost(message, optional, tag = "2")]
+    pub env: Option<StringMap>,
+}
+
+/// `modal.client.StringMap`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StringMap {
+    #[prost(map = "string, string", tag = "1")]
+    pub contents: HashMap<String, String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
