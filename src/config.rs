@@ -710,6 +710,42 @@ impl Config {
     }
 }
 
+/// The kind of a provider with a hosted adapter, and everything that adapter does.
+fn adapter_ceiling(
+    provider: &sandgate_router::ProviderConfig,
+) -> Option<(
+    sandgate_router::ProviderKind,
+    crate::providers::RuntimeCapabilities,
+)> {
+    let kind = provider
+        .kind
+        .or_else(|| sandgate_router::ProviderKind::from_name(&provider.name))?;
+    Some((kind, crate::providers::hosted::ceiling(kind)?))
+}
+
+/// The provider with every feature its adapter cannot deliver declared off (unless the file
+/// turned it on, which [`Config::validate_adapter_ceilings`] refuses): the router then
+/// never routes to a pool for what its adapter lacks, whatever the kind's table says of the
+/// provider itself.
+fn fit_to_adapter(
+    mut provider: sandgate_router::ProviderConfig,
+) -> sandgate_router::ProviderConfig {
+    let Some((_, ceiling)) = adapter_ceiling(&provider) else {
+        return provider;
+    };
+    let features = provider
+        .capabilities
+        .get_or_insert_with(Default::default)
+        .features
+        .get_or_insert_with(Default::default);
+    for (path, can) in ceiling.flags() {
+        if let Some(slot) = features.slot(path).filter(|v| v.is_none() && !can) {
+            *slot = Some(false);
+        }
+    }
+    provider
+}
+
 impl Config {
     /// The router's part of the file.
     /// With no providers, accounts or pools configured, one local pool (`local`).
@@ -767,10 +803,41 @@ impl Config {
             }
         }
         sandgate_router::RouterConfig {
-            providers: self.providers.clone(),
+            providers: self.providers.iter().cloned().map(fit_to_adapter).collect(),
             accounts: self.accounts.clone(),
             pools,
         }
+    }
+
+    /// A hosted provider may declare less than its adapter does, never more: each feature
+    /// `[providers.capabilities.features]` turns on that the adapter cannot deliver is an
+    /// error naming its key.
+    fn validate_adapter_ceilings(&self) -> Result<(), ConfigError> {
+        for (i, provider) in self.providers.iter().enumerate() {
+            let Some((kind, ceiling)) = adapter_ceiling(provider) else {
+                continue;
+            };
+            let Some(mut features) = provider
+                .capabilities
+                .as_ref()
+                .and_then(|c| c.features.clone())
+            else {
+                continue;
+            };
+            for (path, can) in ceiling.flags() {
+                if !can && features.slot(path).is_some_and(|v| *v == Some(true)) {
+                    return Err(ConfigError::invalid(
+                        format!("providers[{i}].capabilities.{path}"),
+                        format!(
+                            "provider {}: the {kind} adapter does not do this; a provider may \
+                             narrow what its adapter does, never widen it",
+                            provider.name
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A hosted pool's egress enforcement must be what its adapter does: `gateway` needs
@@ -829,6 +896,7 @@ impl Config {
     }
 
     fn validate_routing(&self) -> Result<(), ConfigError> {
+        self.validate_adapter_ceilings()?;
         let topology = self.router_config().compile().map_err(|errors| {
             let first = errors.0.first().map(|e| e.path.clone()).unwrap_or_default();
             let message = errors
@@ -1132,6 +1200,75 @@ mod tests {
         }
         // Either alone is fine.
         assert!(Config::from_toml("[store]\npath = \"x.db\"\nsynchronous = \"normal\"\n").is_ok());
+    }
+
+    /// One hosted provider named `kind` with an account and a pool, plus `extra` lines in
+    /// its `[providers.capabilities.features]`.
+    fn one_hosted(kind: &str, features: &str) -> String {
+        format!(
+            "[[providers]]\nname = \"{kind}\"\n\
+             [providers.capabilities.features]\n{features}\n\
+             [[accounts]]\nname = \"acct\"\nprovider = \"{kind}\"\n\
+             api_key_env = \"SANDGATE_TEST_UNSET_KEY\"\n\
+             [[pools]]\nname = \"pool\"\nprovider = \"{kind}\"\naccount = \"acct\"\n"
+        )
+    }
+
+    #[test]
+    fn a_provider_never_declares_more_than_its_adapter_does() {
+        for (kind, line, key) in [
+            ("modal", "process = { cancel = true }", "process.cancel"),
+            ("blaxel", "public_ports = true", "public_ports"),
+            ("prime-intellect", "pause_resume = true", "pause_resume"),
+            (
+                "cloudflare",
+                "filesystem = { list = true }",
+                "filesystem.list",
+            ),
+        ] {
+            let err = Config::from_toml(&one_hosted(kind, line))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("providers[0].capabilities.features.{key}"))
+                    && err.contains(&format!("the {kind} adapter does not do this")),
+                "{err}"
+            );
+        }
+        // Narrowing is fine, and so is declaring what the adapter does.
+        Config::from_toml(&one_hosted("e2b", "pause_resume = false")).unwrap();
+        Config::from_toml(&one_hosted("daytona", "pause_resume = true")).unwrap();
+    }
+
+    #[test]
+    fn declared_capabilities_are_narrowed_to_the_adapter() {
+        let features = |kind: &str| {
+            let c = Config::from_toml(&one_hosted(kind, "")).unwrap();
+            let topology = c.router_config().compile().unwrap();
+            topology.pools()[0].capabilities.clone()
+        };
+        // The kind's table says Blaxel publishes ports; its adapter does not.
+        assert!(
+            sandgate_router::ProviderKind::Blaxel
+                .builtin_capabilities()
+                .public_ports
+        );
+        assert!(!features("blaxel").public_ports);
+        let modal = features("modal");
+        assert!(modal.process.execute && modal.process.ordered_output && !modal.process.cancel);
+        assert!(features("e2b").pause_resume);
+        // What the file does not mention is the adapter's, never more: every kind with an
+        // adapter, every feature.
+        for kind in sandgate_router::ProviderKind::ALL {
+            let Some(ceiling) = crate::providers::hosted::ceiling(kind) else {
+                continue;
+            };
+            let declared = features(kind.as_str());
+            for ((path, on), (_, can)) in declared.feature_flags().into_iter().zip(ceiling.flags())
+            {
+                assert!(!on || can, "{kind}: {path} declared beyond its adapter");
+            }
+        }
     }
 
     #[test]

@@ -56,6 +56,9 @@ pub struct PoolView {
     pub isolation: Vec<IsolationMode>,
     /// `native`, `gateway`, `advisory` or `none`.
     pub egress: String,
+    /// What the router may place on the pool for: the kind's table, narrowed to what its
+    /// adapter does and by the configuration.
+    pub capabilities: CapabilitiesView,
     /// The Standby Pool: used only when an order includes `"standby"`.
     pub standby: bool,
     /// Configured capacity; `null` when none is configured (unlimited to routing).
@@ -73,6 +76,37 @@ pub struct PoolView {
     /// The pool's circuit breaker in this process (`closed`, `open`: creates skip the pool,
     /// `half_open`: the next create probes it); see `[create] circuit_failure_threshold`.
     pub circuit: super::circuit::CircuitView,
+}
+
+/// A pool's declared capabilities, as the router matches requests against them.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct CapabilitiesView {
+    /// Portable environments accepted as `source.environment`.
+    pub environments: Vec<String>,
+    /// Whether `source.image` (an OCI image) and `source.template` are accepted.
+    pub image: bool,
+    pub template: bool,
+    /// When set, only these template names are accepted.
+    pub templates: Option<Vec<String>>,
+    /// Each boolean feature by its request path without `features.` (`process.execute`,
+    /// `filesystem.list`, `pause_resume`, ...).
+    pub features: BTreeMap<String, bool>,
+}
+
+impl CapabilitiesView {
+    fn of(caps: &sandgate_router::Capabilities) -> CapabilitiesView {
+        CapabilitiesView {
+            environments: caps.environments.clone(),
+            image: caps.image,
+            template: caps.template,
+            templates: caps.templates.clone(),
+            features: caps
+                .feature_flags()
+                .into_iter()
+                .map(|(path, on)| (path.trim_start_matches("features.").to_string(), on))
+                .collect(),
+        }
+    }
 }
 
 /// Startup latency as routing ranks it.
@@ -353,6 +387,7 @@ impl Parts {
             zone: pool.zone.as_deref().map(str::to_string),
             isolation: pool.capabilities.isolation.clone(),
             egress: pool.capabilities.egress.as_str().to_string(),
+            capabilities: CapabilitiesView::of(&pool.capabilities),
             standby: pool.standby,
             capacity: pool.capacity,
             // The same rule as routing's free capacity (`route_context_for`).

@@ -301,6 +301,28 @@ impl RuntimeCapabilities {
         pty: false,
     };
 
+    /// Each capability under the path a request asks for it by (`features.…`), in the
+    /// order of the router's `Capabilities::feature_flags`.
+    pub fn flags(&self) -> [(&'static str, bool); 12] {
+        [
+            ("features.process.execute", self.process_execute),
+            (
+                "features.process.ordered_output",
+                self.process_ordered_output,
+            ),
+            ("features.process.cancel", self.process_cancel),
+            ("features.filesystem.read", self.filesystem_read),
+            ("features.filesystem.write", self.filesystem_write),
+            ("features.filesystem.list", self.filesystem_list),
+            ("features.filesystem.delete", self.filesystem_delete),
+            ("features.filesystem.append", self.filesystem_append),
+            ("features.filesystem.mkdir", self.filesystem_mkdir),
+            ("features.public_ports", self.public_ports),
+            ("features.pause_resume", self.pause_resume),
+            ("features.pty", self.pty),
+        ]
+    }
+
     /// The request's runtime requirements this instance does not meet, as field paths.
     /// `baseline` adds process execution and file read/write unless the request opts out.
     pub fn shortfall(&self, request: &Request, baseline: bool) -> Vec<String> {

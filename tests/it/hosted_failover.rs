@@ -65,6 +65,10 @@ async fn start_with(create: &str, listed_after: Duration) -> Env {
 name = "e2b"
 [[providers]]
 name = "daytona"
+# Its adapter pauses VM classes; the fake's sandboxes are containers (see
+# a_sandbox_short_of_what_its_pool_declared_is_destroyed_and_the_route_advances).
+[providers.capabilities.features]
+pause_resume = true
 [[providers]]
 name = "vercel"
 [[providers]]
@@ -299,6 +303,43 @@ async fn capacity_on_e2b_advances_to_daytona_under_one_sandbox_id() {
     assert_eq!(live.len(), 1);
     assert_eq!(live[0].labels["sandgate_sandbox"], id);
     assert_eq!(view["placement"]["instance_id"], live[0].id.as_str());
+}
+
+/// Seed 000's runtime re-check: the Daytona pool declares pause/resume (its adapter pauses VM
+/// classes), the router places a create needing it there, and the running sandbox (a
+/// container class at the fake) reports less: it is destroyed and the route advances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sandbox_short_of_what_its_pool_declared_is_destroyed_and_the_route_advances() {
+    let env = start("").await;
+    let pool = env.pool("b-daytona").await;
+    assert_eq!(
+        pool["capabilities"]["features"]["pause_resume"], true,
+        "{pool:#}"
+    );
+    let view = env
+        .running(
+            json!({"features": {"pause_resume": true}, "routing": {"order": ["daytona", "e2b"]}}),
+        )
+        .await;
+    let id = view["id"].as_str().unwrap();
+    assert_eq!(view["placement"]["pool"], "a-e2b", "{view:#}");
+    let first = &view["attempts"][0];
+    assert_eq!(first["pool"], "b-daytona", "{view:#}");
+    assert_eq!(first["error_class"], "runtime_shortfall", "{view:#}");
+    let message = first["message"].as_str().unwrap_or_default();
+    assert!(message.contains("features.pause_resume"), "{message}");
+    // The short sandbox was made, then destroyed: nothing of it is left at Daytona.
+    assert!(env.daytona.sandboxes().iter().any(|s| s
+        .labels
+        .get("sandgate_sandbox")
+        .map(String::as_str)
+        == Some(id)));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.daytona.live_count() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(env.daytona.live_count(), 0, "{:?}", env.daytona.live());
+    assert_eq!(env.e2b.live_count(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

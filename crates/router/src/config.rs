@@ -578,21 +578,62 @@ fn set(dst: &mut bool, v: Option<bool>) {
     }
 }
 
-/// Boolean features a pool claims beyond its provider: `(path suffix, pool, provider)`.
-fn feature_flags(c: &Capabilities) -> [(&'static str, bool); 11] {
-    [
-        ("features.process.execute", c.process.execute),
-        ("features.process.ordered_output", c.process.ordered_output),
-        ("features.process.cancel", c.process.cancel),
-        ("features.filesystem.read", c.filesystem.read),
-        ("features.filesystem.write", c.filesystem.write),
-        ("features.filesystem.list", c.filesystem.list),
-        ("features.filesystem.delete", c.filesystem.delete),
-        ("features.filesystem.append", c.filesystem.append),
-        ("features.filesystem.mkdir", c.filesystem.mkdir),
-        ("features.public_ports", c.public_ports),
-        ("features.pause_resume", c.pause_resume),
-    ]
+impl Capabilities {
+    /// The boolean features, each under the path a request asks for it by (`features.…`).
+    pub fn feature_flags(&self) -> [(&'static str, bool); 12] {
+        [
+            ("features.process.execute", self.process.execute),
+            (
+                "features.process.ordered_output",
+                self.process.ordered_output,
+            ),
+            ("features.process.cancel", self.process.cancel),
+            ("features.filesystem.read", self.filesystem.read),
+            ("features.filesystem.write", self.filesystem.write),
+            ("features.filesystem.list", self.filesystem.list),
+            ("features.filesystem.delete", self.filesystem.delete),
+            ("features.filesystem.append", self.filesystem.append),
+            ("features.filesystem.mkdir", self.filesystem.mkdir),
+            ("features.public_ports", self.public_ports),
+            ("features.pause_resume", self.pause_resume),
+            ("features.pty", self.pty),
+        ]
+    }
+}
+
+impl FeaturesConfig {
+    /// The setting for one of [`Capabilities::feature_flags`]' paths (its tables made when
+    /// missing); `None` for a path that is not one of them.
+    pub fn slot(&mut self, path: &str) -> Option<&mut Option<bool>> {
+        let rest = path.strip_prefix("features.")?;
+        if let Some(name) = rest.strip_prefix("process.") {
+            let p = self.process.get_or_insert_with(Default::default);
+            return match name {
+                "execute" => Some(&mut p.execute),
+                "ordered_output" => Some(&mut p.ordered_output),
+                "cancel" => Some(&mut p.cancel),
+                _ => None,
+            };
+        }
+        if let Some(name) = rest.strip_prefix("filesystem.") {
+            let f = self.filesystem.get_or_insert_with(Default::default);
+            return match name {
+                "read" => Some(&mut f.read),
+                "write" => Some(&mut f.write),
+                "list" => Some(&mut f.list),
+                "delete" => Some(&mut f.delete),
+                "append" => Some(&mut f.append),
+                "mkdir" => Some(&mut f.mkdir),
+                _ => None,
+            };
+        }
+        match rest {
+            "public_ports" => Some(&mut self.public_ports),
+            "pause_resume" => Some(&mut self.pause_resume),
+            "pty" => Some(&mut self.pty),
+            _ => None,
+        }
+    }
 }
 
 /// A provider after defaults and overrides.
@@ -948,7 +989,7 @@ impl Topology {
             if let Some(f) = &p.features {
                 apply_features(&mut caps, f);
                 for ((path, pool_has), (_, prov_has)) in
-                    feature_flags(&caps).into_iter().zip(feature_flags(base))
+                    caps.feature_flags().into_iter().zip(base.feature_flags())
                 {
                     if pool_has && !prov_has {
                         err(
@@ -960,13 +1001,6 @@ impl Topology {
                             ),
                         );
                     }
-                }
-                if caps.pty && !base.pty {
-                    err(
-                        &mut errs,
-                        format!("{at}.features.pty"),
-                        format!("provider \"{}\" does not declare pty", p.provider),
-                    );
                 }
             }
             if let Some(e) = p.egress {

@@ -50,7 +50,7 @@ use runloop::{Runloop, RunloopAccount};
 use vercel::{Vercel, VercelAccount};
 
 use crate::credentials::Secret;
-use crate::providers::Provider;
+use crate::providers::{Provider, RuntimeCapabilities};
 
 /// Whether this build has an adapter for `kind` on hosted accounts.
 pub fn has_adapter(kind: ProviderKind) -> bool {
@@ -65,6 +65,24 @@ pub fn has_adapter(kind: ProviderKind) -> bool {
             | ProviderKind::Cloudflare
             | ProviderKind::Modal
     )
+}
+
+/// Everything this build's adapter for `kind` can do (`None`: no adapter). Declared
+/// capabilities are narrowed to it by default, and a provider's `[providers.capabilities]`
+/// that claims more is a config error: a router that promised what the adapter cannot do
+/// would place sandboxes that then fail the runtime check, or worse, serve them badly.
+pub fn ceiling(kind: ProviderKind) -> Option<RuntimeCapabilities> {
+    Some(match kind {
+        ProviderKind::E2b => e2b::CAPABILITIES,
+        ProviderKind::Daytona => daytona::CAPABILITIES,
+        ProviderKind::Vercel => vercel::CAPABILITIES,
+        ProviderKind::Runloop => runloop::CAPABILITIES,
+        ProviderKind::PrimeIntellect => prime::CAPABILITIES,
+        ProviderKind::Blaxel => blaxel::CAPABILITIES,
+        ProviderKind::Cloudflare => cloudflare::CAPABILITIES,
+        ProviderKind::Modal => modal::CAPABILITIES,
+        _ => return None,
+    })
 }
 
 /// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway. An

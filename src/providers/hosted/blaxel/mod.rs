@@ -80,8 +80,26 @@ use super::lockdown::create_env;
 use super::poll::{self, Pace, Seen, Waited};
 use super::tags::tag_object;
 use crate::credentials::Secret;
+use crate::providers::RuntimeCapabilities;
 use crate::providers::{CreateSpec, ErrorClass, OpError, OpErrorKind, ProviderError, RemoteEgress};
 use wire::SandboxView;
+
+/// What this adapter does with Blaxel: commands streamed in one ordered NDJSON stream
+/// and killed by name, files read, written, listed, deleted and directories made; ports are
+/// not published by sandgate and Blaxel has no pause of its own.
+/// The whole of it: the most this adapter's pools may declare (`[providers.capabilities]`
+/// narrows, never widens), and what `capabilities` answers for every sandbox.
+pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
+    process_execute: true,
+    process_ordered_output: true,
+    process_cancel: true,
+    filesystem_read: true,
+    filesystem_write: true,
+    filesystem_list: true,
+    filesystem_delete: true,
+    filesystem_mkdir: true,
+    ..RuntimeCapabilities::NONE
+};
 
 /// The SDK's production control plane (`settings.base_url` with `BL_ENV` unset).
 pub const DEFAULT_BASE_URL: &str = "https://api.blaxel.ai/v0";

@@ -116,22 +116,7 @@ impl Provider for Blaxel {
         &'a self,
         _instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
-        // What this adapter does with Blaxel: commands streamed in one ordered NDJSON stream
-        // and killed by name, files read, written, listed, deleted and directories made; ports are
-        // not published by sandgate and Blaxel has no pause of its own.
-        Box::pin(async {
-            Ok(RuntimeCapabilities {
-                process_execute: true,
-                process_ordered_output: true,
-                process_cancel: true,
-                filesystem_read: true,
-                filesystem_write: true,
-                filesystem_list: true,
-                filesystem_delete: true,
-                filesystem_mkdir: true,
-                ..RuntimeCapabilities::NONE
-            })
-        })
+        Box::pin(async { Ok(super::CAPABILITIES) })
     }
 
     fn lockdown(&self, _egress: &RemoteEgress) -> Option<Value> {

@@ -53,7 +53,20 @@ use super::errors::{own_message, CodeRule, ErrorTable};
 use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
 use super::lockdown::{gateway_addr, GatewayAddr};
 use crate::credentials::Secret;
+use crate::providers::RuntimeCapabilities;
 use crate::providers::{ErrorClass, OpError, OpErrorKind, ProviderError, RemoteEgress};
+
+/// What this adapter does with the bridge: commands streamed in order as one stream,
+/// files read and written. No kill by id (see the module docs), no lifecycle.
+/// The whole of it: the most this adapter's pools may declare (`[providers.capabilities]`
+/// narrows, never widens), and what `capabilities` answers for every sandbox.
+pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
+    process_execute: true,
+    process_ordered_output: true,
+    filesystem_read: true,
+    filesystem_write: true,
+    ..RuntimeCapabilities::NONE
+};
 
 pub use super::shell::command_line;
 

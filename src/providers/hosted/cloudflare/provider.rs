@@ -153,17 +153,7 @@ impl Provider for Cloudflare {
         &'a self,
         _instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
-        // What this adapter does with the bridge: commands streamed in order as one stream,
-        // files read and written. No kill by id (see the module docs), no lifecycle.
-        Box::pin(async {
-            Ok(RuntimeCapabilities {
-                process_execute: true,
-                process_ordered_output: true,
-                filesystem_read: true,
-                filesystem_write: true,
-                ..RuntimeCapabilities::NONE
-            })
-        })
+        Box::pin(async { Ok(super::CAPABILITIES) })
     }
 
     fn lockdown(&self, egress: &RemoteEgress) -> Option<Value> {

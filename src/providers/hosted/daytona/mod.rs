@@ -81,11 +81,29 @@ use super::poll::{self, Pace, Seen, Waited};
 use super::tags::tag_object;
 use crate::credentials::Secret;
 use crate::ops::Lifecycle;
+use crate::providers::RuntimeCapabilities;
 use crate::providers::{
     CreateSpec, ErrorClass, Instance, InstanceState, OpError, OpErrorKind, ProviderError,
     RemoteEgress,
 };
 use wire::{ListAnswer, SandboxDto};
+
+/// What this adapter does with Daytona: buffered commands (merged output) it can kill, files
+/// through the toolbox, pause and resume (on VM classes only: `capabilities` answers without
+/// it for a sandbox of another class).
+/// The whole of it: the most this adapter's pools may declare (`[providers.capabilities]`
+/// narrows, never widens).
+pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
+    process_execute: true,
+    process_cancel: true,
+    filesystem_read: true,
+    filesystem_write: true,
+    filesystem_list: true,
+    filesystem_delete: true,
+    filesystem_mkdir: true,
+    pause_resume: true,
+    ..RuntimeCapabilities::NONE
+};
 
 pub use super::shell::quote_argv;
 

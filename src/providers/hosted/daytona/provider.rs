@@ -169,19 +169,11 @@ impl Provider for Daytona {
                     ));
                 }
             }
-            // What this adapter does with Daytona: buffered commands (merged output) it can
-            // kill, files through the toolbox, pause and resume on VM classes only.
+            // Pause and resume on VM classes only.
             let pausable = matches!(dto.sandbox_class.as_deref(), Some("linux-vm" | "windows"));
             Ok(RuntimeCapabilities {
-                process_execute: true,
-                process_cancel: true,
-                filesystem_read: true,
-                filesystem_write: true,
-                filesystem_list: true,
-                filesystem_delete: true,
-                filesystem_mkdir: true,
                 pause_resume: pausable,
-                ..RuntimeCapabilities::NONE
+                ..super::CAPABILITIES
             })
         })
     }

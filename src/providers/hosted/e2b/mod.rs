@@ -44,6 +44,23 @@ use crate::providers::{
     ProviderError, RemoteEgress, RuntimeCapabilities, SnapshotInfo, LIFETIME_MARGIN,
 };
 
+/// What this adapter does with E2B: streamed commands it can kill, files read,
+/// written, listed, removed and made through envd, pause and resume.
+/// The whole of it: the most this adapter's pools may declare (`[providers.capabilities]`
+/// narrows, never widens), and what `capabilities` answers for every sandbox.
+pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
+    process_execute: true,
+    process_ordered_output: true,
+    process_cancel: true,
+    filesystem_read: true,
+    filesystem_write: true,
+    filesystem_list: true,
+    filesystem_delete: true,
+    filesystem_mkdir: true,
+    pause_resume: true,
+    ..RuntimeCapabilities::NONE
+};
+
 /// envd's port, named in `E2b-Sandbox-Port`.
 const ENVD_PORT: &str = "49983";
 const _: () = assert!(envd::ENVD_PORT == 49983);
@@ -442,22 +459,7 @@ impl Provider for E2b {
         &'a self,
         _instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
-        // What this adapter does with E2B: streamed commands it can kill, files read,
-        // written, listed, removed and made through envd, pause and resume.
-        Box::pin(async {
-            Ok(RuntimeCapabilities {
-                process_execute: true,
-                process_ordered_output: true,
-                process_cancel: true,
-                filesystem_read: true,
-                filesystem_write: true,
-                filesystem_list: true,
-                filesystem_delete: true,
-                filesystem_mkdir: true,
-                pause_resume: true,
-                ..RuntimeCapabilities::NONE
-            })
-        })
+        Box::pin(async { Ok(CAPABILITIES) })
     }
 
     fn exec<'a>(

@@ -66,8 +66,22 @@ use tonic::Code;
 use super::account::{known_options, positive, OptionError};
 use super::lockdown::{gateway_addr, GatewayAddr};
 use crate::credentials::Secret;
+use crate::providers::RuntimeCapabilities;
 use crate::providers::{ErrorClass, OpError, OpErrorKind, ProviderError, RemoteEgress};
 use grpc::{GrpcFailure, Meta, Rpc};
+
+/// What this adapter does with Modal: commands streamed (each stream in order), files
+/// read and written. No cancel (the router has no kill), no pause/resume.
+/// The whole of it: the most this adapter's pools may declare (`[providers.capabilities]`
+/// narrows, never widens), and what `capabilities` answers for every sandbox.
+pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
+    process_execute: true,
+    process_ordered_output: true,
+    filesystem_read: true,
+    filesystem_write: true,
+    filesystem_mkdir: true,
+    ..RuntimeCapabilities::NONE
+};
 
 /// Where sandgate's CA goes inside a sandbox (Modal runs commands as `root`).
 pub const CA_PATH: &str = "/root/.sandgate/ca.pem";

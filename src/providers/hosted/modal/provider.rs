@@ -385,18 +385,7 @@ impl Provider for Modal {
         &'a self,
         _instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
-        // What this adapter does with Modal: commands streamed (each stream in order), files
-        // read and written. No cancel (the router has no kill), no pause/resume.
-        Box::pin(async {
-            Ok(RuntimeCapabilities {
-                process_execute: true,
-                process_ordered_output: true,
-                filesystem_read: true,
-                filesystem_write: true,
-                filesystem_mkdir: true,
-                ..RuntimeCapabilities::NONE
-            })
-        })
+        Box::pin(async { Ok(super::CAPABILITIES) })
     }
 
     fn lockdown(&self, egress: &RemoteEgress) -> Option<Value> {

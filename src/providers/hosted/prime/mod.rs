@@ -75,8 +75,22 @@ use super::http::{path_segment, Auth, HttpFailure, ProviderHttp};
 use super::lockdown::{create_env, gateway_addr, GatewayAddr};
 use super::poll::{self, Pace, Seen, Waited};
 use crate::credentials::Secret;
+use crate::providers::RuntimeCapabilities;
 use crate::providers::{CreateSpec, ErrorClass, OpError, OpErrorKind, ProviderError, RemoteEgress};
 use wire::{GatewayAuth, SandboxView};
+
+/// What this adapter does with Prime: commands streamed in order that it can kill,
+/// files read and written. No pause/resume.
+/// The whole of it: the most this adapter's pools may declare (`[providers.capabilities]`
+/// narrows, never widens), and what `capabilities` answers for every sandbox.
+pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
+    process_execute: true,
+    process_ordered_output: true,
+    process_cancel: true,
+    filesystem_read: true,
+    filesystem_write: true,
+    ..RuntimeCapabilities::NONE
+};
 
 /// Where sandgate's CA goes inside a sandbox (commands run as `root`).
 pub const CA_PATH: &str = "/root/.sandgate/ca.pem";

@@ -118,18 +118,7 @@ impl Provider for Prime {
         &'a self,
         _instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
-        // What this adapter does with Prime: commands streamed in order that it can kill,
-        // files read and written. No pause/resume.
-        Box::pin(async {
-            Ok(RuntimeCapabilities {
-                process_execute: true,
-                process_ordered_output: true,
-                process_cancel: true,
-                filesystem_read: true,
-                filesystem_write: true,
-                ..RuntimeCapabilities::NONE
-            })
-        })
+        Box::pin(async { Ok(super::CAPABILITIES) })
     }
 
     fn lockdown(&self, egress: &RemoteEgress) -> Option<Value> {

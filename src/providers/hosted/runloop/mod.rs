@@ -78,9 +78,24 @@ use super::lockdown::{create_env, gateway_addr, GatewayAddr};
 use super::poll::{self, Pace, Seen, Waited};
 use super::tags::tag_object;
 use crate::credentials::Secret;
+use crate::providers::RuntimeCapabilities;
 use crate::providers::{CreateSpec, ErrorClass, OpError, OpErrorKind, ProviderError, RemoteEgress};
 use exec::wait_completed;
 use wire::{DevboxView, ExecutionView, PolicyList};
+
+/// What this adapter does with Runloop: streamed commands it can kill, files read and
+/// written, suspend and resume.
+/// The whole of it: the most this adapter's pools may declare (`[providers.capabilities]`
+/// narrows, never widens), and what `capabilities` answers for every sandbox.
+pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
+    process_execute: true,
+    process_ordered_output: true,
+    process_cancel: true,
+    filesystem_read: true,
+    filesystem_write: true,
+    pause_resume: true,
+    ..RuntimeCapabilities::NONE
+};
 
 pub use super::shell::{command_line, shell_quote};
 /// Where sandgate's CA goes inside a devbox (the default user's home, `/home/user`).

@@ -133,19 +133,7 @@ impl Provider for Runloop {
         &'a self,
         _instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
-        // What this adapter does with Runloop: streamed commands it can kill, files read and
-        // written, suspend and resume.
-        Box::pin(async {
-            Ok(RuntimeCapabilities {
-                process_execute: true,
-                process_ordered_output: true,
-                process_cancel: true,
-                filesystem_read: true,
-                filesystem_write: true,
-                pause_resume: true,
-                ..RuntimeCapabilities::NONE
-            })
-        })
+        Box::pin(async { Ok(super::CAPABILITIES) })
     }
 
     fn lockdown(&self, egress: &RemoteEgress) -> Option<Value> {

@@ -76,8 +76,23 @@ use super::lockdown::{create_env, gateway_addr, GatewayAddr};
 use super::poll::{self, Pace, Seen, Waited};
 use super::tags::{tag_object, TAG_SANDBOX};
 use crate::credentials::Secret;
+use crate::providers::RuntimeCapabilities;
 use crate::providers::{CreateSpec, ErrorClass, OpError, OpErrorKind, ProviderError, RemoteEgress};
 use wire::{tar_gz, ListBody, SandboxAndSession, SandboxBody, SessionOnly};
+
+/// What this adapter does with Vercel: streamed commands it can kill, files read
+/// and written, directories made; no pause (stop/start only), no PTY.
+/// The whole of it: the most this adapter's pools may declare (`[providers.capabilities]`
+/// narrows, never widens), and what `capabilities` answers for every sandbox.
+pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
+    process_execute: true,
+    process_ordered_output: true,
+    process_cancel: true,
+    filesystem_read: true,
+    filesystem_write: true,
+    filesystem_mkdir: true,
+    ..RuntimeCapabilities::NONE
+};
 
 /// The SDK's API base.
 pub const DEFAULT_BASE_URL: &str = "https://vercel.com/api";

@@ -121,19 +121,7 @@ impl Provider for Vercel {
         &'a self,
         _instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>> {
-        // What this adapter does with Vercel: streamed commands it can kill, files read
-        // and written, directories made; no pause (stop/start only), no PTY.
-        Box::pin(async {
-            Ok(RuntimeCapabilities {
-                process_execute: true,
-                process_ordered_output: true,
-                process_cancel: true,
-                filesystem_read: true,
-                filesystem_write: true,
-                filesystem_mkdir: true,
-                ..RuntimeCapabilities::NONE
-            })
-        })
+        Box::pin(async { Ok(super::CAPABILITIES) })
     }
 
     fn lockdown(&self, egress: &RemoteEgress) -> Option<Value> {
