@@ -1,5 +1,5 @@
 //! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop, Prime Intellect, Blaxel,
-//! Cloudflare through its bridge Worker, Modal over gRPC), the layer they share, and building one adapter per
+//! Cloudflare through its bridge Worker, Modal over gRPC, Northflank), the layer they share, and building one adapter per
 //! `[[accounts]]` entry.
 //!
 //! Contract:
@@ -28,6 +28,7 @@ pub mod cloudflare;
 pub mod daytona;
 pub mod e2b;
 pub mod modal;
+pub mod northflank;
 pub mod prime;
 pub mod runloop;
 pub mod vercel;
@@ -45,6 +46,7 @@ use cloudflare::{Cloudflare, CloudflareAccount};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
 use modal::{Modal, ModalAccount};
+use northflank::{Northflank, NorthflankAccount};
 use prime::{Prime, PrimeAccount};
 use runloop::{Runloop, RunloopAccount};
 use vercel::{Vercel, VercelAccount};
@@ -64,6 +66,7 @@ pub fn has_adapter(kind: ProviderKind) -> bool {
             | ProviderKind::Blaxel
             | ProviderKind::Cloudflare
             | ProviderKind::Modal
+            | ProviderKind::Northflank
     )
 }
 
@@ -81,16 +84,19 @@ pub fn ceiling(kind: ProviderKind) -> Option<RuntimeCapabilities> {
         ProviderKind::Blaxel => blaxel::CAPABILITIES,
         ProviderKind::Cloudflare => cloudflare::CAPABILITIES,
         ProviderKind::Modal => modal::CAPABILITIES,
+        ProviderKind::Northflank => northflank::CAPABILITIES,
         _ => return None,
     })
 }
 
 /// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway. An
-/// adapter that does not (Blaxel: [`blaxel::LOCKS_DOWN`]) gives its sandboxes the proxy
+/// adapter that does not (Blaxel: [`blaxel::LOCKS_DOWN`], Northflank:
+/// [`northflank::LOCKS_DOWN`]) gives its sandboxes the proxy
 /// variables and the CA only: its pools are `advisory`.
 pub fn locks_to_gateway(kind: ProviderKind) -> bool {
     match kind {
         ProviderKind::Blaxel => blaxel::LOCKS_DOWN,
+        ProviderKind::Northflank => northflank::LOCKS_DOWN,
         _ => has_adapter(kind),
     }
 }
@@ -163,6 +169,13 @@ pub fn build(
             Cloudflare::new,
         )?,
         ProviderKind::Modal => adapter(account, key, tls, ModalAccount::from_options, Modal::new)?,
+        ProviderKind::Northflank => adapter(
+            account,
+            key,
+            tls,
+            NorthflankAccount::from_options,
+            Northflank::new,
+        )?,
         _ => return Ok(None),
     };
     Ok(Some(adapter))
