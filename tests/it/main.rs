@@ -34,6 +34,7 @@ mod localbox;
 mod minted_credentials;
 mod modal_adapter;
 mod modal_fake;
+mod northflank_fake;
 mod openapi;
 mod policy_agreement;
 mod policy_layers;

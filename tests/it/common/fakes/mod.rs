@@ -6,6 +6,7 @@ pub mod cloudflare;
 pub mod daytona;
 pub mod e2b;
 pub mod modal;
+pub mod northflank;
 pub mod prime;
 pub mod runloop;
 pub mod vercel;
