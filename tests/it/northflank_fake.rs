@@ -866,6 +866,19 @@ async fn a_northflank_pool_is_lifecycle_only_advisory_and_placed_only_when_asked
         assert!(!value.contains(env.northflank.token()), "no provider token");
     }
 
+    // Naming the provider alone (an explicit provider needs only what is asked), or turning
+    // the baseline off under automatic routing, places there too.
+    for body in [
+        json!({"provider": "northflank"}),
+        json!({"features": no_baseline()}),
+    ] {
+        let placed = env.running(body.clone()).await;
+        assert_eq!(
+            placed["placement"]["pool"], "a-northflank",
+            "{body}: {placed:#}"
+        );
+    }
+
     // Pause and resume through the gateway; exec answers 501 naming the provider.
     let (status, paused) = env
         .post(&format!("/v1/sandboxes/{id}/pause"), json!({}))
