@@ -50,7 +50,22 @@ impl Coordinator {
         {
             return;
         }
-        let result = self.drive_inner(id).await;
+        let result = loop {
+            let result = self.drive_inner(id).await;
+            // This coordinator's own janitor claimed the create while this walk held it (the
+            // process was paused or starved past the lease): the claim's `drive` found the
+            // walk active and left it to it, and the new epoch fenced the walk. Nobody else
+            // will drive it (the heartbeat keeps renewing a lease this coordinator holds), so
+            // the walk continues from the record under the new epoch.
+            if matches!(result, Err(StoreError::Fenced { .. })) && self.holds_lease(id).await {
+                tracing::info!(
+                    sandbox = id,
+                    "this coordinator claimed its own create again; continuing under the new lease"
+                );
+                continue;
+            }
+            break result;
+        };
         self.active
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -82,6 +97,11 @@ impl Coordinator {
                 }
             }
         }
+    }
+
+    /// Whether this coordinator holds the create's lease now (an unreadable lease: no).
+    async fn holds_lease(&self, id: &str) -> bool {
+        matches!(self.deps.store.lease_fence(id).await, Ok(Some(f)) if f.owner == self.owner)
     }
 
     /// [`Coordinator::drive`]: the walk itself, under the create's lease. A create resumed

@@ -29,6 +29,7 @@ mod egress_metadata;
 mod explain_agreement;
 mod floods;
 mod hosted_failover;
+mod hosted_restart;
 mod local_provider;
 mod localbox;
 mod minted_credentials;

@@ -6,4 +6,5 @@ mod config;
 mod explain;
 mod properties;
 mod seed000;
+mod seed000_capabilities;
 mod seed001;

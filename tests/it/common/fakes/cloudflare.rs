@@ -18,12 +18,17 @@
 //!   `rate_limit` (429, `Retry-After: 2`), `outage` (502 from "the edge", no code), `internal`
 //!   (500 after the sandbox was made), `timeout_after_send` (the sandbox is made, the answer
 //!   never comes).
+//! - A container start that takes time ([`FakeCloudflareConfig::start_delay`], none by
+//!   default): the sandbox is recorded `creating` at once (the bridge records it before the
+//!   container exists) and reads `running` once the delay has passed, whether or not the
+//!   create's caller is still waiting; the create answers when it runs.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, Response};
@@ -43,6 +48,27 @@ pub struct FakeSandbox {
     pub env: BTreeMap<String, String>,
     pub outbound: Value,
     pub root: PathBuf,
+    /// When its container has started (`creating` until then, `running` after).
+    pub ready_at: Instant,
+}
+
+impl FakeSandbox {
+    /// The bridge's `SandboxState`: `creating` until the container has started, then
+    /// `running`.
+    pub fn state(&self) -> &'static str {
+        if Instant::now() >= self.ready_at {
+            "running"
+        } else {
+            "creating"
+        }
+    }
+}
+
+/// The fake's knobs.
+#[derive(Debug, Clone, Default)]
+pub struct FakeCloudflareConfig {
+    /// How long a new sandbox's container takes to start (the create answers after it).
+    pub start_delay: Duration,
 }
 
 #[derive(Default)]
@@ -54,6 +80,7 @@ struct Inner {
 }
 
 struct Shared {
+    config: FakeCloudflareConfig,
     token: String,
     base: PathBuf,
     inner: Mutex<Inner>,
@@ -95,7 +122,7 @@ fn error(status: u16, code: &str, message: &str) -> Reply {
 fn info(s: &FakeSandbox) -> Value {
     json!({
         "id": s.id,
-        "state": "running",
+        "state": s.state(),
         "labels": s.labels,
         "envKeys": s.env.keys().collect::<Vec<_>>(),
         "outbound": s.outbound,
@@ -105,11 +132,16 @@ fn info(s: &FakeSandbox) -> Value {
 
 impl FakeCloudflare {
     pub async fn start() -> FakeCloudflare {
+        FakeCloudflare::start_with(FakeCloudflareConfig::default()).await
+    }
+
+    pub async fn start_with(config: FakeCloudflareConfig) -> FakeCloudflare {
         let dir = tempfile::tempdir().expect("a temporary directory for the fake bridge");
         let base = dir.path().canonicalize().expect("the fake's directory");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("the fake's address");
         let shared = Arc::new(Shared {
+            config,
             token: "bridge-token-fake-0123456789".to_string(),
             base,
             inner: Mutex::default(),
@@ -168,6 +200,24 @@ impl FakeCloudflare {
 
     pub fn sandboxes(&self) -> Vec<FakeSandbox> {
         self.shared.lock().sandboxes.values().cloned().collect()
+    }
+
+    /// Sandboxes not deleted (a delete removes a sandbox from the bridge's index), creating
+    /// or running.
+    pub fn live(&self) -> Vec<FakeSandbox> {
+        self.sandboxes()
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.live().len()
+    }
+
+    /// Live sandboxes carrying the label `key=value`.
+    pub fn live_with_label(&self, key: &str, value: &str) -> Vec<FakeSandbox> {
+        self.live()
+            .into_iter()
+            .filter(|s| s.labels.get(key).map(String::as_str) == Some(value))
+            .collect()
     }
 
     /// The JSON bodies of the creates that reached the fake, in order.
@@ -300,6 +350,7 @@ fn insert(
         env,
         outbound,
         root,
+        ready_at: Instant::now() + shared.config.start_delay,
     };
     let answer = info(&sandbox);
     inner.sandboxes.insert(id, sandbox);
@@ -387,14 +438,21 @@ async fn create(shared: &Shared, body: &[u8]) -> Reply {
     if !valid_id || !outbound_ok {
         return error(400, "invalid_request", "body is not a CreateSandboxRequest");
     }
-    let answer = match insert(shared, id, labels, env, outbound.clone()) {
+    let answer = match insert(shared, id.clone(), labels, env, outbound.clone()) {
         Ok(answer) => answer,
         Err(reply) => return *reply,
     };
+    // The container starts (on its own: the caller going away does not stop it); the
+    // answer waits for it, as the bridge's does.
+    let ready_at = find(shared, &id).map(|s| s.ready_at);
+    if let Some(wait) = ready_at.and_then(|t| t.checked_duration_since(Instant::now())) {
+        tokio::time::sleep(wait).await;
+    }
+    let answer = find(shared, &id).map(|s| info(&s)).unwrap_or(answer);
     match fault.as_deref() {
         Some("internal") => error(500, "internal", "the Durable Object failed after creating"),
         Some("timeout_after_send") => {
-            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
             reply(201, answer)
         }
         _ => reply(201, answer),
