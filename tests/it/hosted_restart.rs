@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use crate::common::fakes::blaxel::{FakeBlaxel, FakeBlaxelConfig, SandboxStatus};
 use crate::common::fakes::cloudflare::{FakeCloudflare, FakeCloudflareConfig};
+use crate::common::fakes::modal::{FakeModal, FakeModalConfig, BASE_IMAGE};
 use crate::common::fakes::prime::{FakePrime, FakePrimeConfig};
 use crate::common::{init, process_config, serve_process, Served};
 
@@ -76,6 +77,10 @@ const CASES: &[Case] = &[
     Case {
         kind: "cloudflare",
         start: start_cloudflare,
+    },
+    Case {
+        kind: "modal",
+        start: start_modal,
     },
 ];
 
@@ -181,6 +186,45 @@ impl HostedFake for FakeBlaxel {
 
     fn ca(&self, instance: &str) -> Option<Vec<u8>> {
         self.file(instance, sandgate::providers::blaxel::CA_PATH)
+    }
+}
+
+fn start_modal(boot: Duration) -> Starting {
+    Box::pin(async move {
+        let fake = FakeModal::start(FakeModalConfig {
+            boot_delay: boot,
+            ..FakeModalConfig::default()
+        })
+        .await;
+        Box::new(fake) as Box<dyn HostedFake>
+    })
+}
+
+impl HostedFake for FakeModal {
+    fn topology(&self, pool: &str, keys: &Path) -> String {
+        let key = format!("{}:{}", self.token_id(), self.token_secret());
+        let key = key_file(keys, pool, &key);
+        let options = format!("options = {{ image_id = \"{BASE_IMAGE}\" }}");
+        one_pool("modal", pool, &self.url(), &key, &options)
+    }
+
+    fn live(&self) -> Vec<Live> {
+        FakeModal::live(self)
+            .into_iter()
+            .map(|s| Live {
+                sandbox: s.tags.get(SANDBOX_TAG).cloned(),
+                booting: s.state == "pending",
+                id: s.id,
+            })
+            .collect()
+    }
+
+    fn creates(&self) -> usize {
+        self.create_log().len()
+    }
+
+    fn ca(&self, instance: &str) -> Option<Vec<u8>> {
+        self.file(instance, sandgate::providers::hosted::modal::CA_PATH)
     }
 }
 
