@@ -128,7 +128,7 @@ impl Modal {
         request: impl Fn(&Router) -> Q,
     ) -> Result<(R, Router), OpError>
     where
-        Q: prost::Message + Send + Sync + 'static,
+        Q: prost::Message + Clone + Send + Sync + 'static,
         R: prost::Message + Default + Send + Sync + 'static,
     {
         let mut fresh = false;

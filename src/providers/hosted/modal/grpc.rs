@@ -219,7 +219,11 @@ impl Rpc {
             .clone()
     }
 
-    /// A unary call, bounded by `deadline` (sent as `grpc-timeout` too).
+    /// A unary call, bounded by `deadline` (sent as `grpc-timeout` too). A call the
+    /// connection broke under (tonic's status then carries the transport's error, not an
+    /// answer: the next call on a channel whose connection just dropped fails this way) is
+    /// sent once more on a fresh connection, as the SDK retries such calls; except a call with
+    /// an idempotency key (a create), whose unknown outcome the coordinator reconciles by tag.
     pub async fn unary<Q, R>(
         &self,
         path: &'static str,
@@ -228,16 +232,44 @@ impl Rpc {
         deadline: Duration,
     ) -> Result<R, GrpcFailure>
     where
+        Q: Message + Clone + Send + Sync + 'static,
+        R: Message + Default + Send + Sync + 'static,
+    {
+        let retry = idempotency_key.is_none();
+        match self
+            .unary_once(path, request.clone(), idempotency_key, deadline)
+            .await
+        {
+            Err((_, true)) if retry => self
+                .unary_once(path, request, idempotency_key, deadline)
+                .await
+                .map_err(|(failure, _)| failure),
+            other => other.map_err(|(failure, _)| failure),
+        }
+    }
+
+    /// One try of [`Rpc::unary`]: the failure, and whether the transport broke under it.
+    async fn unary_once<Q, R>(
+        &self,
+        path: &'static str,
+        request: Q,
+        idempotency_key: Option<&str>,
+        deadline: Duration,
+    ) -> Result<R, (GrpcFailure, bool)>
+    where
         Q: Message + Send + Sync + 'static,
         R: Message + Default + Send + Sync + 'static,
     {
         let call = async {
             let mut grpc = tonic::client::Grpc::new(self.channel());
-            grpc.ready().await.map_err(|e| GrpcFailure {
-                code: None,
-                message: format!("modal cannot be reached: {e}"),
-                retry_after: None,
-                sent: false,
+            grpc.ready().await.map_err(|e| {
+                let failure = GrpcFailure {
+                    code: None,
+                    message: format!("modal cannot be reached: {e}"),
+                    retry_after: None,
+                    sent: false,
+                };
+                (failure, false)
             })?;
             let mut request = tonic::Request::new(request);
             request.set_timeout(deadline);
@@ -246,12 +278,15 @@ impl Rpc {
             grpc.unary(request, PathAndQuery::from_static(path), codec)
                 .await
                 .map(tonic::Response::into_inner)
-                .map_err(GrpcFailure::from_status)
+                .map_err(|status| {
+                    let broken = std::error::Error::source(&status).is_some();
+                    (GrpcFailure::from_status(status), broken)
+                })
         };
         // tonic enforces `grpc-timeout` on its side too; this bound also covers the connect.
         tokio::time::timeout(deadline + Duration::from_secs(1), call)
             .await
-            .unwrap_or_else(|_| Err(GrpcFailure::timed_out(deadline)))
+            .unwrap_or_else(|_| Err((GrpcFailure::timed_out(deadline), false)))
     }
 
     /// A server-streaming call: the stream of answers once the server accepted the call.

@@ -384,7 +384,7 @@ impl Modal {
     /// A control-plane call with the default deadline.
     async fn call<Q, R>(&self, path: &'static str, request: Q) -> Result<R, GrpcFailure>
     where
-        Q: prost::Message + Send + Sync + 'static,
+        Q: prost::Message + Clone + Send + Sync + 'static,
         R: prost::Message + Default + Send + Sync + 'static,
     {
         self.control.unary(path, request, None, CALL_DEADLINE).await
