@@ -25,7 +25,7 @@ pub mod simulated;
 pub use hosted::cloudflare;
 pub use hosted::prime;
 /// The hosted adapters and their HTTP layer, under [`hosted`], at their old paths.
-pub use hosted::{blaxel, daytona, e2b, http, runloop, vercel};
+pub use hosted::{blaxel, daytona, e2b, freestyle, http, runloop, vercel};
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;

@@ -1,5 +1,5 @@
 //! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop, Prime Intellect, Blaxel,
-//! Cloudflare through its bridge Worker, Modal over gRPC), the layer they share, and building one adapter per
+//! Cloudflare through its bridge Worker, Modal over gRPC, Freestyle), the layer they share, and building one adapter per
 //! `[[accounts]]` entry.
 //!
 //! Contract:
@@ -27,6 +27,7 @@ pub mod blaxel;
 pub mod cloudflare;
 pub mod daytona;
 pub mod e2b;
+pub mod freestyle;
 pub mod modal;
 pub mod prime;
 pub mod runloop;
@@ -44,6 +45,7 @@ use blaxel::{Blaxel, BlaxelAccount};
 use cloudflare::{Cloudflare, CloudflareAccount};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
+use freestyle::{Freestyle, FreestyleAccount};
 use modal::{Modal, ModalAccount};
 use prime::{Prime, PrimeAccount};
 use runloop::{Runloop, RunloopAccount};
@@ -64,6 +66,7 @@ pub fn has_adapter(kind: ProviderKind) -> bool {
             | ProviderKind::Blaxel
             | ProviderKind::Cloudflare
             | ProviderKind::Modal
+            | ProviderKind::Freestyle
     )
 }
 
@@ -81,16 +84,18 @@ pub fn ceiling(kind: ProviderKind) -> Option<RuntimeCapabilities> {
         ProviderKind::Blaxel => blaxel::CAPABILITIES,
         ProviderKind::Cloudflare => cloudflare::CAPABILITIES,
         ProviderKind::Modal => modal::CAPABILITIES,
+        ProviderKind::Freestyle => freestyle::CAPABILITIES,
         _ => return None,
     })
 }
 
 /// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway. An
 /// adapter that does not (Blaxel: [`blaxel::LOCKS_DOWN`]) gives its sandboxes the proxy
-/// variables and the CA only: its pools are `advisory`.
+/// variables and the CA only: its pools are `advisory` (Freestyle: [`freestyle::LOCKS_DOWN`]).
 pub fn locks_to_gateway(kind: ProviderKind) -> bool {
     match kind {
         ProviderKind::Blaxel => blaxel::LOCKS_DOWN,
+        ProviderKind::Freestyle => freestyle::LOCKS_DOWN,
         _ => has_adapter(kind),
     }
 }
@@ -163,6 +168,13 @@ pub fn build(
             Cloudflare::new,
         )?,
         ProviderKind::Modal => adapter(account, key, tls, ModalAccount::from_options, Modal::new)?,
+        ProviderKind::Freestyle => adapter(
+            account,
+            key,
+            tls,
+            FreestyleAccount::from_options,
+            Freestyle::new,
+        )?,
         _ => return Ok(None),
     };
     Ok(Some(adapter))
