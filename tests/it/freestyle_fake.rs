@@ -447,7 +447,26 @@ async fn freestyle_exec_files_lifecycle_snapshot_list_and_delete() {
     assert!(provider.list_by_tag("sb-2", None).await.unwrap().is_empty());
     assert_eq!(fake.live_count(), 0);
     assert_eq!(provider.capabilities(&a.id).await.unwrap(), CAPABILITIES);
-    assert!(!CAPABILITIES.process_ordered_output && !CAPABILITIES.process_cancel);
+    // Exactly what the adapter does (driven above): no ordered output, cancel, append,
+    // public ports or PTY.
+    let declared: Vec<&str> = CAPABILITIES
+        .flags()
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| *name)
+        .collect();
+    assert_eq!(
+        declared,
+        [
+            "features.process.execute",
+            "features.filesystem.read",
+            "features.filesystem.write",
+            "features.filesystem.list",
+            "features.filesystem.delete",
+            "features.filesystem.mkdir",
+            "features.pause_resume",
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -756,6 +775,40 @@ async fn freestyle_explicit_placement_through_the_gateway_is_advisory() {
     let unmet = refused["error"]["details"]["attempts"].to_string();
     assert!(unmet.contains("network"), "{refused:#}");
     assert_eq!(env.fake.vms().len(), before);
+    // What the adapter does not do is refused by name, never placed.
+    for (features, unmet) in [
+        (
+            json!({"process": {"ordered_output": true}}),
+            "features.process.ordered_output",
+        ),
+        (
+            json!({"process": {"cancel": true}}),
+            "features.process.cancel",
+        ),
+        (json!({"pty": true}), "features.pty"),
+    ] {
+        let (status, refused) = env
+            .post(
+                "/v1/sandboxes",
+                json!({"provider": "freestyle", "features": features}),
+            )
+            .await;
+        assert!(status >= 400, "{status}: {refused:#}");
+        let attempts = refused["error"]["details"]["attempts"].to_string();
+        assert!(attempts.contains(unmet), "{unmet}: {refused:#}");
+    }
+    assert_eq!(env.fake.vms().len(), before);
+    // A declared pause/resume is honoured through the gateway.
+    let (status, paused) = env
+        .post(&format!("/v1/sandboxes/{id}/pause"), json!({}))
+        .await;
+    assert!(status < 300, "{status}: {paused:#}");
+    assert_eq!(env.fake.vm(instance).unwrap().state, "suspended");
+    let (status, resumed) = env
+        .post(&format!("/v1/sandboxes/{id}/resume"), json!({}))
+        .await;
+    assert!(status < 300, "{status}: {resumed:#}");
+    assert_eq!(env.fake.vm(instance).unwrap().state, "running");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
