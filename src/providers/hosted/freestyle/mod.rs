@@ -17,8 +17,10 @@
 //!   are the ones this adapter knows (Freestyle's answer has none).
 //! - Create: `POST /v1/vms` with `additionalFiles` (the tags, [`ENV_PATH`], and the CA at
 //!   [`CA_PATH`] when the spec has egress), `persistence` (`options.persistence`, default
-//!   `sticky`: an `ephemeral` VM may lose its files on suspend, which would make pause a
-//!   delete), `ports: []` (sandgate publishes no port; Freestyle otherwise exposes 3000),
+//!   `sticky`, Freestyle's own default: its docs say a sticky VM that is not running may be
+//!   cleaned up under storage pressure, so a paused VM survives for sure only as
+//!   `persistent`, which some plans refuse; an `ephemeral` VM may lose its files on suspend,
+//!   which would make pause a delete), `ports: []` (sandgate publishes no port; Freestyle otherwise exposes 3000),
 //!   `waitForReadySignal: true`, `idleTimeoutSeconds` (`options.idle_timeout_secs`) and a
 //!   source: `snapshotId` from the spec's snapshot, else the request's template (a Freestyle
 //!   snapshot id, `sc-...`: the SDK builds its templates into snapshots), else
