@@ -11,7 +11,8 @@
 //!   inside the VM: the create writes [`TAGS_PATH`] (`{sandgate_sandbox, sandgate_attempt}`)
 //!   with `additionalFiles`, part of the same request, so a VM made by a create whose answer
 //!   was lost carries its tags from its first moment. `list_by_tag` is `GET /v1/vms`
-//!   (`{vms: [{id, state, deleted, ...}]}`, no paging, no filter) and reads each VM's tag file
+//!   (`{vms: [{id, state, deleted, ...}]}`, no paging, no filter) and reads each VM's tag file (a
+//!   few at a time)
 //!   (`GET /v1/vms/{id}/files/{path}`) unless this adapter already knows the VM's tags; a VM
 //!   without the file is not sandgate's. `get` is `GET /v1/vms/{id}` (404: `None`); its tags
 //!   are the ones this adapter knows (Freestyle's answer has none).

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -23,6 +24,9 @@ use crate::providers::{
     BoxFuture, CreateSpec, Instance, InstanceState, OpError, OpErrorKind, Provider, ProviderError,
     RemoteEgress, RuntimeCapabilities, SnapshotInfo,
 };
+
+/// How many VMs' tag files a listing reads at once.
+const TAG_READS: usize = 8;
 
 impl Provider for Freestyle {
     fn kind(&self) -> &'static str {
@@ -112,20 +116,27 @@ impl Provider for Freestyle {
                 .await
                 .map_err(provider_error)?;
             let list: VmList = self.http.json(response).await.map_err(provider_error)?;
-            let mut found = Vec::new();
-            for vm in list.vms.into_iter().filter(|v| v.deleted != Some(true)) {
-                let Some(tags) = self.tags_of(&vm.id).await else {
-                    continue;
-                };
-                if filter.matches(&tags) {
-                    found.push(Instance {
+            // A few tag files at a time: an account may hold many VMs.
+            let read = list
+                .vms
+                .into_iter()
+                .filter(|v| v.deleted != Some(true))
+                .map(|vm| async move { (self.tags_of(&vm.id).await, vm) });
+            let tagged: Vec<_> = futures_util::stream::iter(read)
+                .buffered(TAG_READS)
+                .collect()
+                .await;
+            Ok(tagged
+                .into_iter()
+                .filter_map(|(tags, vm)| {
+                    let tags = tags.filter(|t| filter.matches(t))?;
+                    Some(Instance {
                         state: vm.instance_state(),
                         id: vm.id,
                         tags,
-                    });
-                }
-            }
-            Ok(found)
+                    })
+                })
+                .collect())
         })
     }
 

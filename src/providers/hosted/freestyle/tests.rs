@@ -295,3 +295,43 @@ fn freestyle_env_script_quotes_and_skips_bad_names() {
         .unwrap();
     assert_eq!(out.stdout, b"it's $HOME");
 }
+
+#[test]
+fn freestyle_file_answers_are_read_as_the_sdk_reads_them() {
+    let file: wire::FileView =
+        serde_json::from_value(json!({"content": "AAH/", "encoding": "base64"})).unwrap();
+    assert_eq!(file.bytes().unwrap(), [0, 1, 255]);
+    assert!(file.entries().is_none());
+    let text: wire::FileView = serde_json::from_value(json!({"content": "héllo"})).unwrap();
+    assert_eq!(text.bytes().unwrap(), "héllo".as_bytes());
+    let dir: wire::FileView = serde_json::from_value(
+        json!({"files": [{"name": "a", "kind": "file"}, {"name": "d", "kind": "directory"}]}),
+    )
+    .unwrap();
+    let entries = dir.entries().unwrap();
+    assert_eq!(
+        entries
+            .iter()
+            .map(|e| (e.name.as_str(), e.kind))
+            .collect::<Vec<_>>(),
+        [("a", "file"), ("d", "dir")]
+    );
+    assert_eq!(dir.bytes().unwrap_err().kind, OpErrorKind::Invalid);
+    let broken: wire::FileView =
+        serde_json::from_value(json!({"content": "not base64!", "encoding": "base64"})).unwrap();
+    assert_eq!(broken.bytes().unwrap_err().kind, OpErrorKind::Provider);
+    // Every state but `starting` is a VM that exists and can run again.
+    for (state, live) in [
+        ("starting", false),
+        ("running", true),
+        ("suspended", true),
+        ("stopped", true),
+    ] {
+        let vm: wire::VmView = serde_json::from_value(json!({"id": "v", "state": state})).unwrap();
+        assert_eq!(
+            vm.instance_state() == crate::providers::InstanceState::Running,
+            live,
+            "{state}"
+        );
+    }
+}
