@@ -26,7 +26,7 @@ pub use hosted::cloudflare;
 pub use hosted::northflank;
 pub use hosted::prime;
 /// The hosted adapters and their HTTP layer, under [`hosted`], at their old paths.
-pub use hosted::{blaxel, daytona, e2b, http, runloop, vercel};
+pub use hosted::{blaxel, daytona, e2b, freestyle, http, runloop, vercel};
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;

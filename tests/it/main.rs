@@ -28,6 +28,7 @@ mod egress_fuzz;
 mod egress_metadata;
 mod explain_agreement;
 mod floods;
+mod freestyle_fake;
 mod hosted_failover;
 mod hosted_restart;
 mod local_provider;

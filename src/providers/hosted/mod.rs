@@ -1,5 +1,6 @@
 //! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop, Prime Intellect, Blaxel,
-//! Cloudflare through its bridge Worker, Modal over gRPC, Northflank), the layer they share, and building one adapter per
+//! Cloudflare through its bridge Worker, Modal over gRPC, Northflank, Freestyle), the layer they
+//! share, and building one adapter per
 //! `[[accounts]]` entry.
 //!
 //! Contract:
@@ -27,6 +28,7 @@ pub mod blaxel;
 pub mod cloudflare;
 pub mod daytona;
 pub mod e2b;
+pub mod freestyle;
 pub mod modal;
 pub mod northflank;
 pub mod prime;
@@ -45,6 +47,7 @@ use blaxel::{Blaxel, BlaxelAccount};
 use cloudflare::{Cloudflare, CloudflareAccount};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
+use freestyle::{Freestyle, FreestyleAccount};
 use modal::{Modal, ModalAccount};
 use northflank::{Northflank, NorthflankAccount};
 use prime::{Prime, PrimeAccount};
@@ -67,6 +70,7 @@ pub fn has_adapter(kind: ProviderKind) -> bool {
             | ProviderKind::Cloudflare
             | ProviderKind::Modal
             | ProviderKind::Northflank
+            | ProviderKind::Freestyle
     )
 }
 
@@ -85,18 +89,20 @@ pub fn ceiling(kind: ProviderKind) -> Option<RuntimeCapabilities> {
         ProviderKind::Cloudflare => cloudflare::CAPABILITIES,
         ProviderKind::Modal => modal::CAPABILITIES,
         ProviderKind::Northflank => northflank::CAPABILITIES,
+        ProviderKind::Freestyle => freestyle::CAPABILITIES,
         _ => return None,
     })
 }
 
 /// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway. An
 /// adapter that does not (Blaxel: [`blaxel::LOCKS_DOWN`], Northflank:
-/// [`northflank::LOCKS_DOWN`]) gives its sandboxes the proxy
+/// [`northflank::LOCKS_DOWN`], Freestyle: [`freestyle::LOCKS_DOWN`]) gives its sandboxes the proxy
 /// variables and the CA only: its pools are `advisory`.
 pub fn locks_to_gateway(kind: ProviderKind) -> bool {
     match kind {
         ProviderKind::Blaxel => blaxel::LOCKS_DOWN,
         ProviderKind::Northflank => northflank::LOCKS_DOWN,
+        ProviderKind::Freestyle => freestyle::LOCKS_DOWN,
         _ => has_adapter(kind),
     }
 }
@@ -175,6 +181,9 @@ pub fn build(
             tls,
             NorthflankAccount::from_options,
             Northflank::new,
+        ProviderKind::Freestyle => adapter(
+            FreestyleAccount::from_options,
+            Freestyle::new,
         )?,
         _ => return Ok(None),
     };

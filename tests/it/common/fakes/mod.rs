@@ -5,6 +5,7 @@ pub mod blaxel;
 pub mod cloudflare;
 pub mod daytona;
 pub mod e2b;
+pub mod freestyle;
 pub mod modal;
 pub mod northflank;
 pub mod prime;
