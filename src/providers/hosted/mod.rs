@@ -181,7 +181,11 @@ pub fn build(
             tls,
             NorthflankAccount::from_options,
             Northflank::new,
+        )?,
         ProviderKind::Freestyle => adapter(
+            account,
+            key,
+            tls,
             FreestyleAccount::from_options,
             Freestyle::new,
         )?,
