@@ -1,5 +1,5 @@
 //! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop, Prime Intellect, Blaxel,
-//! Cloudflare through its bridge Worker, Modal over gRPC), the layer they share, and building one adapter per
+//! Cloudflare through its bridge Worker, Modal over gRPC, CodeSandbox's lifecycle), the layer they share, and building one adapter per
 //! `[[accounts]]` entry.
 //!
 //! Contract:
@@ -25,6 +25,7 @@ pub mod tags;
 
 pub mod blaxel;
 pub mod cloudflare;
+pub mod codesandbox;
 pub mod daytona;
 pub mod e2b;
 pub mod modal;
@@ -42,6 +43,7 @@ pub use account::{api_key, AccountError};
 use account::{check_base_url, OptionError};
 use blaxel::{Blaxel, BlaxelAccount};
 use cloudflare::{Cloudflare, CloudflareAccount};
+use codesandbox::{Codesandbox, CodesandboxAccount};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
 use modal::{Modal, ModalAccount};
@@ -64,6 +66,7 @@ pub fn has_adapter(kind: ProviderKind) -> bool {
             | ProviderKind::Blaxel
             | ProviderKind::Cloudflare
             | ProviderKind::Modal
+            | ProviderKind::Codesandbox
     )
 }
 
@@ -81,16 +84,19 @@ pub fn ceiling(kind: ProviderKind) -> Option<RuntimeCapabilities> {
         ProviderKind::Blaxel => blaxel::CAPABILITIES,
         ProviderKind::Cloudflare => cloudflare::CAPABILITIES,
         ProviderKind::Modal => modal::CAPABILITIES,
+        ProviderKind::Codesandbox => codesandbox::CAPABILITIES,
         _ => return None,
     })
 }
 
 /// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway. An
 /// adapter that does not (Blaxel: [`blaxel::LOCKS_DOWN`]) gives its sandboxes the proxy
-/// variables and the CA only: its pools are `advisory`.
+/// variables and the CA only: its pools are `advisory`. CodeSandbox
+/// ([`codesandbox::LOCKS_DOWN`]) has no outbound controls and cannot even pass those.
 pub fn locks_to_gateway(kind: ProviderKind) -> bool {
     match kind {
         ProviderKind::Blaxel => blaxel::LOCKS_DOWN,
+        ProviderKind::Codesandbox => codesandbox::LOCKS_DOWN,
         _ => has_adapter(kind),
     }
 }
@@ -163,6 +169,13 @@ pub fn build(
             Cloudflare::new,
         )?,
         ProviderKind::Modal => adapter(account, key, tls, ModalAccount::from_options, Modal::new)?,
+        ProviderKind::Codesandbox => adapter(
+            account,
+            key,
+            tls,
+            CodesandboxAccount::from_options,
+            Codesandbox::new,
+        )?,
         _ => return Ok(None),
     };
     Ok(Some(adapter))
