@@ -8,11 +8,12 @@
 //! runs `npm ci` on `tests/sdk/package.json`). Without node or the SDK it FAILS, never skips.
 
 use crate::common;
+use crate::common::*;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::common::fakes::codesandbox::{
     tag_map, CreateOutcome, FakeCodesandbox, FakeConfig, TEMPLATE,
@@ -305,8 +306,7 @@ async fn the_adapter_round_trips_the_lifecycle() {
             },
         )
         .await
-        .err()
-        .expect("exec is unsupported");
+        .expect_err("exec is unsupported");
     assert_eq!(e.kind, OpErrorKind::Unsupported);
     assert!(e.to_string().contains("codesandbox"), "{e}");
     let e = provider.read_file(&made.id, "/x").await.unwrap_err();
@@ -425,4 +425,398 @@ async fn failures_are_classified_as_documented() {
     let e = down.create(spec("sb-d", "d1", None)).await.unwrap_err();
     assert_eq!(e.class, ErrorClass::Outage, "{e}");
     assert!(!e.maybe_created);
+}
+
+// ------------------------------------------------------------------- through the gateway
+
+const API_TOKEN: &str = "api-token-ws-a-0123456789";
+
+struct Env {
+    gw: Gateway,
+    csb: FakeCodesandbox,
+    http: reqwest::Client,
+    _keys: tempfile::TempDir,
+}
+
+/// One pool `p-csb` on the fake.
+async fn start(create: &str, config: FakeConfig) -> Env {
+    init();
+    let csb = FakeCodesandbox::start(config).await;
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("csb.key");
+    std::fs::write(&key, csb.api_key()).unwrap();
+    let gw = Gateway::start(GatewayOptions {
+        identities: vec![],
+        // The advertised proxy address; these tests do not dial it.
+        proxy_toml: "public_url = \"http://127.0.0.1:3999\"\n".into(),
+        extra_toml: format!(
+            r#"
+[[api.tokens]]
+token = "{API_TOKEN}"
+principal = "alice"
+workspace = "ws-a"
+[create]
+short_wait_ms = 8000
+{create}
+
+[[providers]]
+name = "codesandbox"
+
+[[accounts]]
+name = "csb-main"
+provider = "codesandbox"
+base_url = "{url}"
+api_key_file = {key:?}
+options = {{ tier = "Nano" }}
+
+[[pools]]
+name = "p-csb"
+provider = "codesandbox"
+account = "csb-main"
+"#,
+            url = csb.url(),
+            key = key.display().to_string(),
+        ),
+        ..GatewayOptions::default()
+    })
+    .await;
+    Env {
+        gw,
+        csb,
+        http: reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+        _keys: keys,
+    }
+}
+
+impl Env {
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, self.gw.api(path))
+            .bearer_auth(API_TOKEN);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let r = request.send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.send(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.send(reqwest::Method::GET, path, None).await.1
+    }
+
+    /// Creates and waits (up to 20 s) for the create to leave pending/provisioning/
+    /// reconciling; the view, whatever its state.
+    async fn settled(&self, body: Value) -> Value {
+        let (status, created) = self.post("/v1/sandboxes", body).await;
+        assert!(
+            status == 201 || status == 202 || status == 503,
+            "{status}: {created:#}"
+        );
+        let id = match created["id"].as_str() {
+            Some(id) => id.to_string(),
+            None => created["error"]["details"]["sandbox_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let view = self.get(&format!("/v1/sandboxes/{id}")).await;
+            let placing = ["pending", "provisioning", "reconciling"]
+                .contains(&view["state"].as_str().unwrap_or_default());
+            if !placing || Instant::now() > deadline {
+                return view;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn unmet(error: &Value, pool: &str) -> Vec<String> {
+    let attempts = error["error"]["details"]["attempts"].as_array().unwrap();
+    let attempt = attempts
+        .iter()
+        .find(|a| a["pool"] == pool)
+        .unwrap_or_else(|| panic!("no attempt on {pool}: {error:#}"));
+    attempt["unmet_requirements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_codesandbox_pool_is_placed_on_only_when_named() {
+    let env = start("", FakeConfig::default()).await;
+    // The pool declares what the adapter does: pause/resume, no exec or files; advisory.
+    let pools = env.get("/v1/pools").await;
+    let pool = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pool"] == "p-csb")
+        .unwrap_or_else(|| panic!("{pools:#}"))
+        .clone();
+    let features = &pool["capabilities"]["features"];
+    assert_eq!(features["pause_resume"], true, "{pool:#}");
+    assert_eq!(features["process.execute"], false, "{pool:#}");
+    assert_eq!(features["filesystem.read"], false, "{pool:#}");
+    assert_eq!(pool["egress"], "advisory", "{pool:#}");
+
+    // Automatic routing with the portable baseline never selects it, and says why.
+    let (status, e) = env.post("/v1/sandboxes", json!({})).await;
+    assert_eq!(status, 422, "{e:#}");
+    assert_eq!(e["error"]["code"], "no_eligible_provider", "{e:#}");
+    let missing = unmet(&e, "p-csb");
+    for need in [
+        "features.process.execute",
+        "features.filesystem.read",
+        "features.filesystem.write",
+    ] {
+        assert!(missing.contains(&need.to_string()), "{need}: {missing:?}");
+    }
+    // A pin alone keeps the baseline.
+    let (status, e) = env
+        .post("/v1/sandboxes", json!({"routing": {"pin_pool": "p-csb"}}))
+        .await;
+    assert_eq!(status, 422, "{e:#}");
+    assert!(unmet(&e, "p-csb").contains(&"features.process.execute".to_string()));
+    // Named, but restricting egress: an advisory pool cannot satisfy it.
+    let (status, e) = env
+        .post(
+            "/v1/sandboxes",
+            json!({"provider": "codesandbox", "network": {"allow_domains": ["api.a.test"]}}),
+        )
+        .await;
+    assert_eq!(status, 422, "{e:#}");
+    assert!(
+        unmet(&e, "p-csb").iter().any(|u| u.starts_with("network")),
+        "{e:#}"
+    );
+    assert_eq!(env.csb.live_count(), 0);
+
+    // Named explicitly (the baseline off for its pools), it lands there.
+    let view = env.settled(json!({"provider": "codesandbox"})).await;
+    assert_eq!(view["state"], "running", "{view:#}");
+    assert_eq!(view["placement"]["pool"], "p-csb", "{view:#}");
+    // Nothing reaches a CodeSandbox sandbox (no CA path, no environment at create): its view
+    // shows the gateway's proxy with credentials, for a client to use, not `advisory`.
+    assert_eq!(
+        view["egress"]["enforcement"], "proxy_credentials",
+        "{view:#}"
+    );
+    assert!(view["placement"]["lockdown"].is_null(), "{view:#}");
+    let id = view["id"].as_str().unwrap().to_string();
+    let instance = view["placement"]["instance_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sandbox = env.csb.sandbox(&instance).unwrap();
+    assert!(
+        sandbox.has_tag(&format!("sandgate_sandbox={id}")),
+        "{sandbox:?}"
+    );
+    assert_eq!(sandbox.starts, [json!({"tier": "Nano"})]);
+    // No secret reaches CodeSandbox.
+    let sent = sandbox.request.to_string();
+    assert!(!sent.contains(env.csb.api_key()) && !sent.contains(API_TOKEN));
+
+    // A pin with the baseline opted out lands there too.
+    let opt_out = json!({
+        "routing": {"pin_pool": "p-csb"},
+        "features": {"process": {"execute": false}, "filesystem": {"read": false, "write": false}},
+    });
+    let pinned = env.settled(opt_out).await;
+    assert_eq!(pinned["state"], "running", "{pinned:#}");
+    assert_eq!(pinned["placement"]["pool"], "p-csb", "{pinned:#}");
+
+    // Pause and resume through sandgate: hibernate and start at CodeSandbox.
+    let (status, body) = env
+        .post(&format!("/v1/sandboxes/{id}/pause"), json!({}))
+        .await;
+    assert!(status < 300, "{status}: {body:#}");
+    assert_eq!(env.csb.sandbox(&instance).unwrap().vm, "hibernated");
+    let (status, body) = env
+        .post(&format!("/v1/sandboxes/{id}/resume"), json!({}))
+        .await;
+    assert!(status < 300, "{status}: {body:#}");
+    assert_eq!(
+        env.csb.sandbox(&instance).unwrap().bootups,
+        ["FORK", "RESUME"]
+    );
+    // Exec is 501, naming the provider.
+    let (status, body) = env
+        .post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            json!({"argv": ["true"], "timeout_ms": 5000}),
+        )
+        .await;
+    assert_eq!(status, 501, "{body:#}");
+    assert!(body.to_string().contains("codesandbox"), "{body:#}");
+
+    // Delete through sandgate deletes at CodeSandbox.
+    let (status, body) = env
+        .send(
+            reqwest::Method::DELETE,
+            &format!("/v1/sandboxes/{id}"),
+            None,
+        )
+        .await;
+    assert!(status < 300, "{status}: {body:#}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.csb.sandbox(&instance).is_some_and(|s| s.live()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!env.csb.sandbox(&instance).unwrap().live());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_fork_is_reconciled_by_tag_and_started_with_no_duplicate() {
+    let env = start(
+        "",
+        FakeConfig {
+            hang: Duration::from_millis(300),
+            appear_after: Duration::from_millis(200),
+            ..FakeConfig::default()
+        },
+    )
+    .await;
+    env.csb.script(["timeout_after_send"]);
+    let view = env.settled(json!({"provider": "codesandbox"})).await;
+    assert_eq!(view["state"], "running", "{view:#}");
+    let id = view["id"].as_str().unwrap();
+    let live = env.csb.live_with_tag("sandgate_sandbox", id);
+    assert_eq!(live.len(), 1, "no duplicate: {:?}", env.csb.live());
+    assert_eq!(env.csb.live_count(), 1);
+    assert_eq!(view["placement"]["instance_id"], live[0].id.as_str());
+    assert_eq!(
+        env.csb.create_log(),
+        vec![CreateOutcome::TimeoutAfterSend],
+        "the fork was not repeated"
+    );
+    // Adopted, then started as the create would have.
+    assert_eq!(live[0].vm, "running");
+    assert_eq!(live[0].bootups, ["FORK"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failure_rows_on_the_codesandbox_pool_are_recorded_as_documented() {
+    let env = start(
+        "provisioning_window_ms = 200\nretry_backoff_ms = 20\n",
+        FakeConfig::default(),
+    )
+    .await;
+    for (script, class) in [
+        ("capacity", "capacity"),
+        ("rate_limit", "rate_limit"),
+        ("outage", "outage"),
+        ("failed_before_running", "failed_before_running"),
+    ] {
+        env.csb.script([script]);
+        let view = env.settled(json!({"provider": "codesandbox"})).await;
+        let first = &view["attempts"][0];
+        assert_eq!(first["pool"], "p-csb", "{view:#}");
+        assert_eq!(first["error_class"], class, "{script}: {view:#}");
+    }
+    // The sandbox whose start failed was deleted; the other creates made nothing or were
+    // retried to success.
+    let failed: Vec<_> = env
+        .csb
+        .sandboxes()
+        .into_iter()
+        .filter(|s| s.outcome == CreateOutcome::FailedBeforeRunning)
+        .collect();
+    assert_eq!(failed.len(), 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.csb.sandbox(&failed[0].id).is_some_and(|s| s.live()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!env.csb.sandbox(&failed[0].id).unwrap().live());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_check_works_for_codesandbox() {
+    let fake = FakeCodesandbox::start(FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.key");
+    let bad = dir.path().join("bad.key");
+    std::fs::write(&good, fake.api_key()).unwrap();
+    std::fs::write(&bad, "csb_v1_wrong_key_0123456789").unwrap();
+    let config = dir.path().join("sandgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[[providers]]
+name = "codesandbox"
+[[accounts]]
+name = "good"
+provider = "codesandbox"
+base_url = "{url}"
+api_key_file = {good:?}
+[[accounts]]
+name = "bad"
+provider = "codesandbox"
+base_url = "{url}"
+api_key_file = {bad:?}
+[[pools]]
+name = "good"
+provider = "codesandbox"
+account = "good"
+[[pools]]
+name = "bad"
+provider = "codesandbox"
+account = "bad"
+"#,
+            url = fake.url(),
+            good = good.display().to_string(),
+            bad = bad.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let run = |account: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sandgate"))
+            .args(["provider", "check", account, "--config"])
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    let out = run("good");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ok: account good (codesandbox)"),
+        "{stdout}"
+    );
+    let out = run("bad");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("unbound_account") && stderr.contains("401"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("wrong_key"),
+        "the key is never printed: {stderr}"
+    );
 }

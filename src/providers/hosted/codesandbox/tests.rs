@@ -125,8 +125,10 @@ fn adapter(pairs: &[(&str, &str)]) -> Codesandbox {
 }
 
 fn spec(source: Option<sandgate_router::Source>, snapshot: Option<&str>) -> CreateSpec {
-    let mut request = sandgate_router::Request::default();
-    request.source = source;
+    let request = sandgate_router::Request {
+        source,
+        ..sandgate_router::Request::default()
+    };
     CreateSpec {
         tags: Tags {
             sandbox_id: "sb-1".into(),
@@ -187,11 +189,11 @@ fn tags_are_read_back() {
 
 #[test]
 fn a_lockdown_is_refused_and_the_kind_is_advisory() {
-    assert!(!LOCKS_DOWN);
+    const { assert!(!LOCKS_DOWN) };
     assert!(!crate::providers::hosted::locks_to_gateway(
         sandgate_router::ProviderKind::Codesandbox
     ));
     assert_eq!(lockdown_refusal().class, ErrorClass::Unsupported);
-    assert!(CAPABILITIES.pause_resume && !CAPABILITIES.process_execute);
-    assert!(!CAPABILITIES.filesystem_read && !CAPABILITIES.filesystem_write);
+    const { assert!(CAPABILITIES.pause_resume && !CAPABILITIES.process_execute) };
+    const { assert!(!CAPABILITIES.filesystem_read && !CAPABILITIES.filesystem_write) };
 }
