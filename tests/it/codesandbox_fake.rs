@@ -309,13 +309,21 @@ async fn the_adapter_round_trips_the_lifecycle() {
         .expect_err("exec is unsupported");
     assert_eq!(e.kind, OpErrorKind::Unsupported);
     assert!(e.to_string().contains("codesandbox"), "{e}");
-    let e = provider.read_file(&made.id, "/x").await.unwrap_err();
-    assert_eq!(e.kind, OpErrorKind::Unsupported);
-    let e = provider
-        .write_file(&made.id, "/x", b"y".to_vec())
-        .await
-        .unwrap_err();
-    assert_eq!(e.kind, OpErrorKind::Unsupported);
+    // Every operation the table does not declare answers unsupported, naming the provider.
+    let id = made.id.as_str();
+    let undeclared = [
+        provider.read_file(id, "/x").await.map(|_| ()),
+        provider.write_file(id, "/x", b"y".to_vec()).await,
+        provider.list_dir(id, "/").await.map(|_| ()),
+        provider.remove_path(id, "/x", false).await,
+        provider.mkdir(id, "/d", true).await,
+        provider.rename(id, "/x", "/y").await,
+    ];
+    for result in undeclared {
+        let e = result.unwrap_err();
+        assert_eq!(e.kind, OpErrorKind::Unsupported, "{e}");
+        assert!(e.to_string().contains("codesandbox"), "{e}");
+    }
 
     // Delete, twice: the second is a success too.
     provider.delete(&made.id).await.unwrap();
@@ -668,6 +676,19 @@ async fn a_codesandbox_pool_is_placed_on_only_when_named() {
         .await;
     assert_eq!(status, 501, "{body:#}");
     assert!(body.to_string().contains("codesandbox"), "{body:#}");
+    // And so are files.
+    let r = env
+        .http
+        .get(
+            env.gw
+                .api(&format!("/v1/sandboxes/{id}/files/content?path=/tmp/x")),
+        )
+        .bearer_auth(API_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 501);
+    assert!(r.text().await.unwrap().contains("codesandbox"));
 
     // Delete through sandgate deletes at CodeSandbox.
     let (status, body) = env
