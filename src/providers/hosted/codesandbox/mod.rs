@@ -22,11 +22,11 @@
 //!   strings), `privacy: 2` and `private_preview: true` (nothing published), `path`
 //!   `/sandgate`; then start the VM (`POST /vm/{id}/start` with `tier` and
 //!   `hibernation_timeout_seconds` from `options`). The fork has no idempotency key: a fork
-//!   whose answer is lost is `unknown` and found again by its tags; [`Provider::adopt`]
+//!   whose answer is lost is `unknown` and found again by its tags; `Provider::adopt`
 //!   starts it. A start that fails names the sandbox (the coordinator deletes it).
 //! - Egress: CodeSandbox has no outbound network controls and no way to give a sandbox
 //!   environment variables or files at create, so its pools are `advisory` ([`LOCKS_DOWN`])
-//!   and nothing of [`RemoteEgress`] reaches the sandbox; a create asked to lock down
+//!   and nothing of `RemoteEgress` reaches the sandbox; a create asked to lock down
 //!   answers `unsupported` and makes nothing.
 //! - `get`: `GET /sandbox/{id}` (404: `None`); an existing sandbox is `running` whether its
 //!   VM runs or hibernates (CodeSandbox wakes it on `start`). `list_by_tag`:
