@@ -13,6 +13,7 @@ mod aws_sigv4;
 mod blaxel_fake;
 mod cli;
 mod cloudflare_fake;
+mod codesandbox_fake;
 mod create_events;
 mod credentials;
 mod daytona_fake;

@@ -1,6 +1,6 @@
 //! Hosted providers: the adapters (E2B, Daytona, Vercel, Runloop, Prime Intellect, Blaxel,
-//! Cloudflare through its bridge Worker, Modal over gRPC, Northflank, Freestyle), the layer they
-//! share, and building one adapter per
+//! Cloudflare through its bridge Worker, Modal over gRPC, Northflank, Freestyle, CodeSandbox's
+//! lifecycle), the layer they share, and building one adapter per
 //! `[[accounts]]` entry.
 //!
 //! Contract:
@@ -26,6 +26,7 @@ pub mod tags;
 
 pub mod blaxel;
 pub mod cloudflare;
+pub mod codesandbox;
 pub mod daytona;
 pub mod e2b;
 pub mod freestyle;
@@ -45,6 +46,7 @@ pub use account::{api_key, AccountError};
 use account::{check_base_url, OptionError};
 use blaxel::{Blaxel, BlaxelAccount};
 use cloudflare::{Cloudflare, CloudflareAccount};
+use codesandbox::{Codesandbox, CodesandboxAccount};
 use daytona::{Daytona, DaytonaAccount};
 use e2b::{E2b, E2bAccount};
 use freestyle::{Freestyle, FreestyleAccount};
@@ -71,6 +73,7 @@ pub fn has_adapter(kind: ProviderKind) -> bool {
             | ProviderKind::Modal
             | ProviderKind::Northflank
             | ProviderKind::Freestyle
+            | ProviderKind::Codesandbox
     )
 }
 
@@ -90,6 +93,7 @@ pub fn ceiling(kind: ProviderKind) -> Option<RuntimeCapabilities> {
         ProviderKind::Modal => modal::CAPABILITIES,
         ProviderKind::Northflank => northflank::CAPABILITIES,
         ProviderKind::Freestyle => freestyle::CAPABILITIES,
+        ProviderKind::Codesandbox => codesandbox::CAPABILITIES,
         _ => return None,
     })
 }
@@ -97,12 +101,14 @@ pub fn ceiling(kind: ProviderKind) -> Option<RuntimeCapabilities> {
 /// Whether this build's adapter for `kind` locks a sandbox's egress to the gateway. An
 /// adapter that does not (Blaxel: [`blaxel::LOCKS_DOWN`], Northflank:
 /// [`northflank::LOCKS_DOWN`], Freestyle: [`freestyle::LOCKS_DOWN`]) gives its sandboxes the proxy
-/// variables and the CA only: its pools are `advisory`.
+/// variables and the CA only: its pools are `advisory`. CodeSandbox
+/// ([`codesandbox::LOCKS_DOWN`]) has no outbound controls and cannot even pass those.
 pub fn locks_to_gateway(kind: ProviderKind) -> bool {
     match kind {
         ProviderKind::Blaxel => blaxel::LOCKS_DOWN,
         ProviderKind::Northflank => northflank::LOCKS_DOWN,
         ProviderKind::Freestyle => freestyle::LOCKS_DOWN,
+        ProviderKind::Codesandbox => codesandbox::LOCKS_DOWN,
         _ => has_adapter(kind),
     }
 }
@@ -188,6 +194,12 @@ pub fn build(
             tls,
             FreestyleAccount::from_options,
             Freestyle::new,
+        ProviderKind::Codesandbox => adapter(
+            account,
+            key,
+            tls,
+            CodesandboxAccount::from_options,
+            Codesandbox::new,
         )?,
         _ => return Ok(None),
     };

@@ -3,6 +3,7 @@
 
 pub mod blaxel;
 pub mod cloudflare;
+pub mod codesandbox;
 pub mod daytona;
 pub mod e2b;
 pub mod freestyle;
