@@ -23,8 +23,8 @@ pub use crate::ops;
 pub mod simulated;
 
 pub use hosted::cloudflare;
-pub use hosted::northflank;
 pub use hosted::codesandbox;
+pub use hosted::northflank;
 pub use hosted::prime;
 /// The hosted adapters and their HTTP layer, under [`hosted`], at their old paths.
 pub use hosted::{blaxel, daytona, e2b, freestyle, http, runloop, vercel};

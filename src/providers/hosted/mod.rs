@@ -194,6 +194,7 @@ pub fn build(
             tls,
             FreestyleAccount::from_options,
             Freestyle::new,
+        )?,
         ProviderKind::Codesandbox => adapter(
             account,
             key,
