@@ -29,7 +29,7 @@ fn the_failure_table() {
         (Code::Cancelled, ErrorClass::Unknown),
         (Code::ResourceExhausted, ErrorClass::Capacity),
         (Code::Internal, ErrorClass::ProviderError),
-        (Code::Unknown, ErrorClass::ProviderError),
+        (Code::Unknown, ErrorClass::Unknown),
         (Code::Aborted, ErrorClass::ProviderError),
         (Code::AlreadyExists, ErrorClass::ProviderError),
     ];
