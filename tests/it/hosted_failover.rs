@@ -163,32 +163,11 @@ short_wait_ms = 8000
 
 impl Env {
     async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(self.gw.api(path))
-            .bearer_auth(API_TOKEN)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        let text = r.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        self.gw.api_post(path, API_TOKEN, &body).await
     }
 
     async fn get(&self, path: &str) -> Value {
-        self.http
-            .get(self.gw.api(path))
-            .bearer_auth(API_TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.gw.api_json(path, API_TOKEN).await
     }
 
     /// Creates and waits (up to 20 s) for the create to leave pending/provisioning/

@@ -602,6 +602,27 @@ impl Gateway {
             .unwrap()
     }
 
+    /// `POST {path}` on the API with a JSON `body` and a bearer `token`: the status and the
+    /// answer (JSON, or its text as a string).
+    pub async fn api_post(
+        &self,
+        path: &str,
+        token: &str,
+        body: &serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        let r = reqwest::Client::new()
+            .post(self.api(path))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        let value = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+        (status, value)
+    }
+
     /// [`Gateway::api_get`], read as JSON.
     pub async fn api_json(&self, path: &str, token: &str) -> serde_json::Value {
         let text = self.api_get(path, token).await;

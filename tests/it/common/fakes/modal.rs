@@ -244,14 +244,14 @@ impl FakeModal {
 
     pub fn sandbox(&self, id: &str) -> Option<FakeSandbox> {
         let mut inner = self.shared.lock();
-        inner.advance_all(&self.shared.config);
+        inner.advance_all();
         inner.sandboxes.get(id).map(|e| e.view.clone())
     }
 
     /// Every sandbox, oldest first.
     pub fn sandboxes(&self) -> Vec<FakeSandbox> {
         let mut inner = self.shared.lock();
-        inner.advance_all(&self.shared.config);
+        inner.advance_all();
         inner.sandboxes.values().map(|e| e.view.clone()).collect()
     }
 
@@ -328,7 +328,7 @@ impl Shared {
         loop {
             {
                 let mut inner = self.lock();
-                inner.advance_all(&self.config);
+                inner.advance_all();
                 if done(&mut inner) {
                     return true;
                 }
@@ -438,7 +438,7 @@ impl Entry {
 }
 
 impl Inner {
-    fn advance_all(&mut self, _config: &FakeModalConfig) {
+    fn advance_all(&mut self) {
         let serial = &mut self.serial;
         let mut ended = Vec::new();
         for entry in self.sandboxes.values_mut() {
@@ -1067,7 +1067,7 @@ async fn sandbox_wait(shared: &Arc<Shared>, r: proto::SandboxWaitRequest) -> Res
 
 fn sandbox_list(shared: &Shared, r: proto::SandboxListRequest) -> Result<Answer, Fail> {
     let mut inner = shared.lock();
-    inner.advance_all(&shared.config);
+    inner.advance_all();
     if !r.app_id.is_empty() && !app_exists(&inner, &r.app_id) {
         return Err(not_found("App", &r.app_id));
     }
@@ -1116,7 +1116,7 @@ fn sandbox_tags_set(shared: &Shared, r: sdk::SandboxTagsSetRequest) -> Result<An
 fn sandbox_terminate(shared: &Shared, r: proto::SandboxTerminateRequest) -> Result<Answer, Fail> {
     let existing_result = {
         let mut inner = shared.lock();
-        inner.advance_all(&shared.config);
+        inner.advance_all();
         let entry = inner
             .sandboxes
             .get_mut(&r.sandbox_id)
@@ -1228,7 +1228,7 @@ fn router_access(
     r: proto::TaskGetCommandRouterAccessRequest,
 ) -> Result<Answer, Fail> {
     let mut inner = shared.lock();
-    inner.advance_all(&shared.config);
+    inner.advance_all();
     if inner.running_task(&r.task_id).is_none() {
         return Err(fail(
             Code::FailedPrecondition,
@@ -1254,7 +1254,7 @@ fn router_auth(shared: &Shared, call: &Call, task_id: &str) -> Result<String, Fa
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| fail(Code::Unauthenticated, "a bearer token is required"))?;
     let mut inner = shared.lock();
-    inner.advance_all(&shared.config);
+    inner.advance_all();
     let task = inner
         .jwts
         .get(token)
