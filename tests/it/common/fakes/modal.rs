@@ -489,8 +489,9 @@ struct Exec {
     stderr: Vec<u8>,
     exit: Option<proto::ExitStatus>,
     os_pid: Option<u32>,
-    stdin: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
-    stdin_offset: Arc<Mutex<u64>>,
+    /// The command's stdin (`None` once closed) and how many bytes went in; one writer at a
+    /// time, in offset order.
+    stdin: Arc<tokio::sync::Mutex<(Option<ChildStdin>, u64)>>,
 }
 
 impl Exec {
@@ -1374,8 +1375,7 @@ fn exec_start(
         stderr: Vec::new(),
         exit: None,
         os_pid: child.id(),
-        stdin: Arc::new(tokio::sync::Mutex::new(child.stdin.take())),
-        stdin_offset: Arc::new(Mutex::new(0)),
+        stdin: Arc::new(tokio::sync::Mutex::new((child.stdin.take(), 0))),
     };
     shared.lock().execs.insert(key.clone(), exec);
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
@@ -1467,24 +1467,23 @@ async fn stdin_write(
     shared: &Arc<Shared>,
     r: proto::TaskExecStdinWriteRequest,
 ) -> Result<Answer, Fail> {
-    let (stdin, written) = {
+    let stdin = {
         let inner = shared.lock();
         let exec = inner
             .execs
             .get(&exec_key(&r.task_id, &r.exec_id))
             .ok_or_else(|| not_found("Exec", &r.exec_id))?;
-        (exec.stdin.clone(), exec.stdin_offset.clone())
+        exec.stdin.clone()
     };
-    // One writer at a time, in offset order.
-    let mut pipe = stdin.lock().await;
-    let at = *written.lock().unwrap();
-    if r.offset > at {
+    let mut stdin = stdin.lock().await;
+    let (pipe, written) = &mut *stdin;
+    if r.offset > *written {
         return Err(fail(
             Code::OutOfRange,
-            format!("stdin offset {} is past {at}", r.offset),
+            format!("stdin offset {} is past {written}", r.offset),
         ));
     }
-    let skip = ((at - r.offset) as usize).min(r.data.len());
+    let skip = ((*written - r.offset) as usize).min(r.data.len());
     let fresh = &r.data[skip..];
     if !fresh.is_empty() {
         let Some(p) = pipe.as_mut() else {
@@ -1492,7 +1491,7 @@ async fn stdin_write(
         };
         // A command that exited no longer reads: what it would have read is dropped.
         let _ = p.write_all(fresh).await;
-        *written.lock().unwrap() += fresh.len() as u64;
+        *written += fresh.len() as u64;
     }
     if r.eof {
         *pipe = None;
