@@ -784,17 +784,17 @@ workspace = "ws-a"
             assert_eq!(exit["reason"], "exited", "[{}] {exit}", self.case);
             return;
         }
-        let script = format!("echo started; sleep {LONG_COMMAND_SECS}; echo finished");
+        // The shell records its pid (in its working directory, the home) so that this test
+        // can see the command end at the fake, not only its stream.
+        let script =
+            format!("echo $$ > sgcaps.pid; echo started; sleep {LONG_COMMAND_SECS}; echo finished");
         let mut out = self
             .exec(&["sh", "-c", &script])
             .await
             .unwrap_or_else(|e| panic!("[{}] exec: {e:?}", self.case));
-        if self.has("process.ordered_output") {
-            // Output streams: cancel once the command surely runs. (Daytona's execute
-            // answers only when the command ends, so there is nothing to wait for; its kill
-            // waits for the command's pid instead.)
-            out.wait_stdout("started\n", EXEC_WITHIN).await;
-        }
+        // Cancel once the command surely runs: its pid is written. (Daytona's execute
+        // answers only when the command ends, so its output cannot tell.)
+        let pid = self.pid_file("sgcaps.pid").await;
         let asked = Instant::now();
         let (status, body) = self
             .send_json(self.http.post(cancel_url(&out.exec_id)))
@@ -804,6 +804,38 @@ workspace = "ws-a"
         assert!(asked.elapsed() < CANCELLED_WITHIN, "[{}]", self.case);
         assert_eq!(exit["reason"], "cancelled", "[{}] {exit}", self.case);
         assert!(!out.stdout.contains("finished"), "[{}]", self.case);
+        // A fake runs commands as this machine's processes: the command itself has ended.
+        // (A local sandbox's pid is its own namespace's; `local_provider` covers its kill.)
+        if self.hosted {
+            let deadline = asked + CANCELLED_WITHIN;
+            while alive(pid) {
+                assert!(
+                    Instant::now() < deadline,
+                    "[{}] the cancelled command (pid {pid}) still runs at the fake: {}",
+                    self.case,
+                    self.fake.effects(&self.instance)
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    /// The pid a command wrote to `name` in the home, once it has (read through the API).
+    async fn pid_file(&self, name: &str) -> u32 {
+        let deadline = Instant::now() + EXEC_WITHIN;
+        loop {
+            let (status, bytes) = self.read(&self.path(name)).await;
+            let text = String::from_utf8_lossy(&bytes);
+            if status == 200 && text.ends_with('\n') {
+                return text.trim().parse().unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "[{}] the command wrote no pid: {status} {text}",
+                self.case
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     // --------------------------------------------------------------------- files
@@ -1073,5 +1105,16 @@ impl ExecOutput {
         self.exit
             .clone()
             .unwrap_or_else(|| panic!("no exit line: {:?} {:?}", self.stdout, self.stderr))
+    }
+}
+
+/// Whether process `pid` of this machine still runs (a zombie has ended: only its parent's
+/// wait is missing).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
     }
 }
