@@ -61,6 +61,12 @@ trait Fake: Send + Sync {
     fn effects(&self, instance: &str) -> String;
     /// The instance's state at the fake, in the fake's words.
     fn state(&self, instance: &str) -> String;
+    /// The bytes of the file at `path` (a sandbox path) in the fake's instance, read on
+    /// this machine; `None` when absent. `Err` for a fake this test cannot look into.
+    fn file(&self, instance: &str, path: &str) -> Result<Option<Vec<u8>>, ()> {
+        let _ = (instance, path);
+        Err(())
+    }
 }
 
 type Starting = std::pin::Pin<Box<dyn std::future::Future<Output = Box<dyn Fake>> + Send>>;
@@ -247,6 +253,9 @@ fn start_e2b() -> Starting {
 }
 
 impl Fake for FakeE2b {
+    fn file(&self, instance: &str, path: &str) -> Result<Option<Vec<u8>>, ()> {
+        Ok(FakeE2b::file(self, instance, path))
+    }
     fn account(&self, keys: &Path) -> String {
         format!(
             "base_url = \"{url}\"\napi_key_file = {key:?}\noptions = {{ sandbox_url = \"{url}\" }}\n",
@@ -274,6 +283,9 @@ fn start_daytona() -> Starting {
 }
 
 impl Fake for FakeDaytona {
+    fn file(&self, instance: &str, path: &str) -> Result<Option<Vec<u8>>, ()> {
+        Ok(FakeDaytona::file(self, instance, path))
+    }
     fn account(&self, keys: &Path) -> String {
         format!(
             "base_url = \"{}\"\napi_key_file = {:?}\n",
@@ -296,6 +308,9 @@ fn start_vercel() -> Starting {
 }
 
 impl Fake for FakeVercel {
+    fn file(&self, instance: &str, path: &str) -> Result<Option<Vec<u8>>, ()> {
+        Ok(FakeVercel::file(self, instance, path))
+    }
     fn account(&self, keys: &Path) -> String {
         format!(
             "base_url = \"{}\"\napi_key_file = {:?}\noptions = {{ team_id = \"{}\", project_id = \"{}\" }}\n",
@@ -320,6 +335,9 @@ fn start_runloop() -> Starting {
 }
 
 impl Fake for FakeRunloop {
+    fn file(&self, instance: &str, path: &str) -> Result<Option<Vec<u8>>, ()> {
+        Ok(FakeRunloop::file(self, instance, path))
+    }
     fn account(&self, keys: &Path) -> String {
         format!(
             "base_url = \"{}\"\napi_key_file = {:?}\n",
@@ -342,6 +360,9 @@ fn start_prime() -> Starting {
 }
 
 impl Fake for FakePrime {
+    fn file(&self, instance: &str, path: &str) -> Result<Option<Vec<u8>>, ()> {
+        Ok(FakePrime::file(self, instance, path))
+    }
     fn account(&self, keys: &Path) -> String {
         format!(
             "base_url = \"{}\"\napi_key_file = {:?}\n",
@@ -364,6 +385,9 @@ fn start_blaxel() -> Starting {
 }
 
 impl Fake for FakeBlaxel {
+    fn file(&self, instance: &str, path: &str) -> Result<Option<Vec<u8>>, ()> {
+        Ok(FakeBlaxel::file(self, instance, path))
+    }
     fn account(&self, keys: &Path) -> String {
         format!(
             "base_url = \"{}\"\napi_key_file = {:?}\noptions = {{ workspace = \"{}\" }}\n",
@@ -385,6 +409,9 @@ fn start_cloudflare() -> Starting {
 }
 
 impl Fake for FakeCloudflare {
+    fn file(&self, instance: &str, path: &str) -> Result<Option<Vec<u8>>, ()> {
+        Ok(FakeCloudflare::file(self, instance, path))
+    }
     fn account(&self, keys: &Path) -> String {
         format!(
             "base_url = \"{}\"\napi_key_file = {:?}\n",
@@ -408,6 +435,9 @@ fn start_modal() -> Starting {
 }
 
 impl Fake for FakeModal {
+    fn file(&self, instance: &str, path: &str) -> Result<Option<Vec<u8>>, ()> {
+        Ok(FakeModal::file(self, instance, path))
+    }
     fn account(&self, keys: &Path) -> String {
         let key = format!("{}:{}", self.token_id(), self.token_secret());
         format!(
@@ -461,6 +491,9 @@ fn start_freestyle() -> Starting {
 }
 
 impl Fake for FakeFreestyle {
+    fn file(&self, instance: &str, path: &str) -> Result<Option<Vec<u8>>, ()> {
+        Ok(FakeFreestyle::file(self, instance, path))
+    }
     fn account(&self, keys: &Path) -> String {
         format!(
             "base_url = \"{}\"\napi_key_file = {:?}\n",
@@ -869,11 +902,28 @@ workspace = "ws-a"
             .any(|e| e["name"] == name && e["kind"] == kind)
     }
 
-    async fn files(&self) {
-        // Every byte value, so that nothing on the way treats the file as text.
-        let data: Vec<u8> = (0..=255u8)
+    /// What the file test writes: every byte value, so that nothing on the way treats the
+    /// file as text.
+    fn data(&self) -> Vec<u8> {
+        (0..=255u8)
             .chain(b"capabilities\n".iter().copied())
-            .collect();
+            .collect()
+    }
+
+    /// The fake holds `expected` at `path` (`None`: no such file), where it can be seen.
+    fn assert_at_fake(&self, path: &str, expected: Option<&Vec<u8>>, when: &str) {
+        if let Ok(held) = self.fake.file(&self.instance, path) {
+            assert_eq!(
+                held.as_ref(),
+                expected,
+                "[{}] {path} at the fake {when}",
+                self.case
+            );
+        }
+    }
+
+    async fn files(&self) {
+        let data = self.data();
         let file = self.path("sgcaps-data.bin");
 
         let before = self.fake.effects(&self.instance);
@@ -883,8 +933,10 @@ workspace = "ws-a"
             .await;
         if self.has("filesystem.write") {
             assert_eq!(status, 204, "[{}] write: {body:#}", self.case);
+            self.assert_at_fake(&file, Some(&data), "after the write");
         } else {
             self.assert_unsupported("files write", status, &body, &before);
+            self.assert_at_fake(&file, None, "after a refused write");
         }
 
         let before = self.fake.effects(&self.instance);
@@ -964,12 +1016,16 @@ workspace = "ws-a"
             .await;
         if !self.has("filesystem.delete") {
             self.assert_unsupported("files delete", status, &body, &before);
+            if self.has("filesystem.write") {
+                self.assert_at_fake(file, Some(&self.data()), "after a refused delete");
+            }
             if self.has("filesystem.read") {
                 assert_eq!(self.read(file).await.0, 200, "[{}] still there", self.case);
             }
             return;
         }
         assert_eq!(status, 204, "[{}] delete: {body:#}", self.case);
+        self.assert_at_fake(file, None, "after the delete");
         let (status, bytes) = self.read(file).await;
         assert_eq!(
             status,
