@@ -680,6 +680,15 @@ workspace = "ws-a"
             .map(|(path, on)| (path.trim_start_matches("features.").to_string(), json!(on)))
             .collect();
         assert_eq!(shown, &Value::Object(expected), "[{}] {pool:#}", self.case);
+        // A hosted sandbox's view names its egress enforcement with the pool's own word.
+        if self.hosted {
+            let view = self.view().await;
+            assert_eq!(
+                view["egress"]["enforcement"], pool["egress"],
+                "[{}] {view:#} {pool:#}",
+                self.case
+            );
+        }
     }
 
     /// `status` and `body` are a 501 `unsupported` naming the provider, and the fake saw no
