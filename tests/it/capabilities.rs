@@ -4,17 +4,23 @@
 //! Table-driven: the `case_tests!` table has one entry per kind, the local provider and the
 //! ten hosted ones, each with its fake (`tests/it/common/fakes`; local needs none: its
 //! sandboxes are real namespaces, so that case needs root like `tests/it/local_provider.rs`).
-//! One test per kind (the harness runs them side by side, each on its own gateway) starts one in-process gateway with one pool of that kind whose provider declares
-//! exactly the kind's table (a hosted kind's `CAPABILITIES`, the local kind's built-in one),
-//! checks that `GET /v1/pools` shows that table, creates a sandbox placed there by naming
+//! One test per kind (the harness runs them side by side, each on its own gateway and fake)
+//! starts an in-process gateway with one pool of that kind whose provider declares exactly
+//! the kind's table (a hosted kind's `CAPABILITIES`, the local kind's built-in one) under
+//! `[providers.capabilities.features]`: without it the router's view is the seed's table
+//! narrowed to the adapter, which leaves off what the seed does not confirm (E2B's list,
+//! delete, mkdir and cancel, for one) and this test is that confirmation against the fake.
+//! It checks that `GET /v1/pools` shows that table (and that a hosted sandbox's view names
+//! its egress enforcement with the pool's word), creates a sandbox placed there by naming
 //! the provider and asking for every declared feature (so the baseline is off where the
 //! kind has none: lifecycle-only kinds), waits until it runs, then for each of the 12 flags:
 //!
 //! - declared: the operation really works at the fake (a command's stdout and exit code,
-//!   hundreds of lines in order, a long command cancelled early, bytes written then read
-//!   back, listed, deleted, a directory made, pause then resume with the state observed);
+//!   hundreds of lines in order, a long command cancelled early and gone from this machine,
+//!   bytes written then read back and seen in the fake's instance, listed, deleted there, a
+//!   directory made, pause then resume with the fake's state observed);
 //! - undeclared: the API answers 501 `unsupported` naming the provider, and the fake saw
-//!   no change (no mutating request, same state).
+//!   no change (no mutating request, same state; a refused cancel lets the command finish).
 //!
 //! The `/v1` API has no endpoint for `filesystem.append`, `public_ports` or `pty`: those
 //! three flags are checked only in the router's view (`GET /v1/pools`), never driven, and
