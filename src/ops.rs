@@ -9,6 +9,7 @@
 //!   code; its message never holds a secret (file contents, environment values).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,59 @@ pub struct ExecSpec {
 pub struct ExecStream {
     pub events: mpsc::Receiver<ExecEvent>,
     pub cancel: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl ExecStream {
+    /// This stream, held to the contract's end once cancelled: exactly one `Exit`, of reason
+    /// `Cancelled`. Adapters whose canceller stops reading the provider's stream (E2B,
+    /// Blaxel, Vercel, Runloop) would otherwise end it with no `Exit` at all, and a client
+    /// would not know the command ended. Dropping the returned stream drops the adapter's at
+    /// once, so that still kills the command.
+    pub fn exit_on_cancel(self) -> ExecStream {
+        let ExecStream { mut events, cancel } = self;
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel(64);
+        let seen = cancelled.clone();
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    event = events.recv() => event,
+                    _ = tx.closed() => return,
+                };
+                let was_cancelled = seen.load(Ordering::SeqCst);
+                match event {
+                    Some(ExecEvent::Exit(mut exit)) => {
+                        if was_cancelled && exit.reason == ExitReason::Exited {
+                            exit.reason = ExitReason::Cancelled;
+                        }
+                        let _ = tx.send(ExecEvent::Exit(exit)).await;
+                        return;
+                    }
+                    Some(event) => {
+                        if tx.send(event).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => {
+                        if was_cancelled {
+                            let exit = ExitInfo {
+                                code: None,
+                                signal: None,
+                                reason: ExitReason::Cancelled,
+                            };
+                            let _ = tx.send(ExecEvent::Exit(exit)).await;
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+        let cancel: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            cancelled.store(true, Ordering::SeqCst);
+            cancel();
+        });
+        ExecStream { events: rx, cancel }
+    }
 }
 
 impl std::fmt::Debug for ExecStream {

@@ -235,7 +235,7 @@ fn chunk(stream: &str, bytes: &[u8]) -> Bytes {
     path = "/v1/sandboxes/{id}/exec/{exec_id}/cancel",
     tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id"), ("exec_id" = String, Path, description = "From the exec's `started` line")),
-    responses((status = 202, description = "Cancelled"), (status = 404, description = "not_found: no such running exec")),
+    responses((status = 202, description = "Cancelled"), (status = 404, description = "not_found: no such running exec"), (status = 501, description = "unsupported: the sandbox's provider cannot cancel a command")),
     security(("bearer" = []))
 )]
 pub async fn cancel(
@@ -245,7 +245,7 @@ pub async fn cancel(
 ) -> Response {
     let detail = crate::operations::OperationDetail::ExecId(&exec_id);
     let authorized =
-        crate::operations::commands::authorize_running_command(&state.ops, &caller, &id, detail);
+        crate::operations::commands::authorize_cancel(&state.ops, &caller, &id, detail);
     if let Err(e) = authorized.await {
         return e.into_response();
     }

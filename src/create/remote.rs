@@ -6,7 +6,9 @@
 //! - A hosted sandbox on a pool that enforces egress through the gateway is given
 //!   `[proxy] public_url` with its own identity in the userinfo, and its adapter locks the
 //!   provider's native network controls to the gateway: `enforcement = "gateway"`. On an
-//!   `advisory` pool it gets the same variables without the lock-down.
+//!   `advisory` pool it gets the same variables without the lock-down (where its adapter can
+//!   pass them: CodeSandbox cannot, and its view says `advisory` all the same, the pool's
+//!   word, with the public proxy address for a client to use).
 //! - Anything else (the simulated provider, a hosted pool without `public_url`) is shown the
 //!   gateway's own proxy address: `enforcement = "proxy_credentials"`.
 //!
@@ -100,23 +102,30 @@ impl Coordinator {
             };
         }
         let adapter = pool.and_then(|p| self.deps.providers.for_pool(&p.name));
-        let hosted = (
-            self.deps.remote.as_ref(),
-            adapter.and_then(|a| a.ca_path()),
-            pool,
-        );
-        if let (Some(gateway), Some(ca_path), Some(pool)) = hosted {
+        // A hosted kind's pool, or any whose adapter installs the CA (the simulated
+        // provider's does not: it keeps `proxy_credentials`).
+        let remote = adapter.filter(|a| {
+            a.ca_path().is_some() || kind.is_some_and(crate::providers::hosted::has_adapter)
+        });
+        if let (Some(gateway), Some(adapter), Some(pool)) =
+            (self.deps.remote.as_ref(), remote, pool)
+        {
             let enforcement = match pool.capabilities.egress {
                 EgressEnforcement::Gateway => Some("gateway"),
                 EgressEnforcement::Advisory => Some("advisory"),
                 _ => None,
             };
             if let Some(enforcement) = enforcement {
+                // The view says what `GET /v1/pools` says of the pool, one word. An adapter
+                // that installs no CA (CodeSandbox: nothing reaches its sandboxes at create)
+                // shows the gateway's own CA file, for a client to fetch.
+                let ca_path = adapter.ca_path().map(str::to_string);
                 return Endpoint {
                     enforcement,
                     base: gateway.url.base(),
                     url_template: gateway.proxy_url(sandbox_id, "{token}"),
-                    ca_path: ca_path.to_string(),
+                    ca_path: ca_path
+                        .unwrap_or_else(|| self.deps.ca_cert_path.display().to_string()),
                 };
             }
         }

@@ -137,7 +137,7 @@ pub async fn start_command(
         .await
         .map_err(|e| op_failed(ctx, id, e))?;
     metrics::counter!("sandgate_sandbox_execs_total").increment(1);
-    Ok(stream)
+    Ok(stream.exit_on_cancel())
 }
 
 /// Authorizes `exec` on a live sandbox without starting anything: for acting on a command
@@ -151,4 +151,22 @@ pub async fn authorize_running_command(
     authorize(ctx, caller, id, Layer::Action, "exec", detail, super::LIVE)
         .await
         .map(|_| ())
+}
+
+/// Authorizes cancelling a running command ([`authorize_running_command`]) and refuses it,
+/// `unsupported` naming the provider, when the sandbox's provider cannot kill one: an answer
+/// of "cancelled" would be a lie while the command goes on there.
+pub async fn authorize_cancel(
+    ctx: &OpsContext,
+    caller: &Principal,
+    id: &str,
+    detail: OperationDetail<'_>,
+) -> Result<(), Error> {
+    let (_, adapter) =
+        authorize(ctx, caller, id, Layer::Action, "exec", detail, super::LIVE).await?;
+    if adapter.cancels_commands() {
+        return Ok(());
+    }
+    let e = crate::providers::OpError::unsupported(adapter.kind(), "exec.cancel");
+    Err(super::authorize::op_error(e))
 }

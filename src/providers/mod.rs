@@ -480,6 +480,16 @@ pub trait Provider: Send + Sync + 'static {
         })
     }
 
+    /// Whether calling an exec's canceller ends the command at the provider. A hosted
+    /// adapter's table says (one without `process_cancel` can only stop following the
+    /// output, so a cancel must be refused rather than answered as done); the providers
+    /// that run their own processes always can.
+    fn cancels_commands(&self) -> bool {
+        sandgate_router::ProviderKind::from_name(self.kind())
+            .and_then(hosted::ceiling)
+            .is_none_or(|caps| caps.process_cancel)
+    }
+
     // Operations on a running instance. An adapter implements those its provider offers;
     // the rest answer `unsupported`, which the API reports as 501 naming the operation.
 

@@ -622,12 +622,12 @@ async fn a_codesandbox_pool_is_placed_on_only_when_named() {
     let view = env.settled(json!({"provider": "codesandbox"})).await;
     assert_eq!(view["state"], "running", "{view:#}");
     assert_eq!(view["placement"]["pool"], "p-csb", "{view:#}");
-    // Nothing reaches a CodeSandbox sandbox (no CA path, no environment at create): its view
-    // shows the gateway's proxy with credentials, for a client to use, not `advisory`.
-    assert_eq!(
-        view["egress"]["enforcement"], "proxy_credentials",
-        "{view:#}"
-    );
+    // Nothing reaches a CodeSandbox sandbox (no CA path, no environment at create), but its
+    // view says what the pool says, one word (`advisory`: nothing is enforced), with the
+    // public proxy address and the gateway's CA for a client to use.
+    assert_eq!(view["egress"]["enforcement"], "advisory", "{view:#}");
+    assert_eq!(view["egress"]["enforcement"], pool["egress"], "{view:#}");
+    assert_eq!(view["egress"]["proxy"], "http://127.0.0.1:3999", "{view:#}");
     assert!(view["placement"]["lockdown"].is_null(), "{view:#}");
     let id = view["id"].as_str().unwrap().to_string();
     let instance = view["placement"]["instance_id"]

@@ -11,6 +11,7 @@ mod common;
 mod api_input;
 mod aws_sigv4;
 mod blaxel_fake;
+mod capabilities;
 mod cli;
 mod cloudflare_fake;
 mod codesandbox_fake;

@@ -63,6 +63,8 @@ pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
 
 /// envd's port, named in `E2b-Sandbox-Port`.
 const ENVD_PORT: &str = "49983";
+/// How long a cancel waits for the command's pid before giving up on killing it.
+const PID_WAIT: Duration = Duration::from_secs(10);
 const _: () = assert!(envd::ENVD_PORT == 49983);
 /// Where sandgate's CA goes inside an E2B sandbox (the default user's home).
 pub const CA_PATH: &str = "/home/user/.sandgate/ca.pem";
@@ -663,23 +665,17 @@ impl E2b {
         let response = self.http.send(request).await.map_err(op_error)?;
         let (tx, rx) = mpsc::channel(64);
         let cancelled = Arc::new(tokio::sync::Notify::new());
-        let pid = Arc::new(Mutex::new(None::<u64>));
-        let reader = tokio::spawn(read_events(
-            response,
-            tx,
-            pid.clone(),
-            spec.timeout.is_some(),
-        ));
-        let kill = self.killer(id, pid);
+        let (pid_tx, pid_rx) = tokio::sync::watch::channel(None::<u64>);
+        let reader = tokio::spawn(read_events(response, tx, pid_tx, spec.timeout.is_some()));
+        let kill = self.killer(id, pid_rx);
         let notify = cancelled.clone();
+        let reading = reader.abort_handle();
         tokio::spawn(async move {
             notify.notified().await;
             kill().await;
+            reading.abort();
         });
-        let cancel: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-            reader.abort();
-            cancelled.notify_one();
-        });
+        let cancel: Arc<dyn Fn() + Send + Sync> = Arc::new(move || cancelled.notify_one());
         Ok(ExecStream { events: rx, cancel })
     }
 
@@ -687,7 +683,7 @@ impl E2b {
     fn killer(
         &self,
         id: &str,
-        pid: Arc<Mutex<Option<u64>>>,
+        mut pid: tokio::sync::watch::Receiver<Option<u64>>,
     ) -> impl FnOnce() -> BoxFuture<'static, ()> + Send + 'static {
         let http = self.http.clone();
         let url = format!("{}/process.Process/SendSignal", self.sandbox_url);
@@ -700,9 +696,16 @@ impl E2b {
             .cloned();
         move || {
             Box::pin(async move {
-                let (Some(pid), Some(token)) =
-                    (*pid.lock().unwrap_or_else(|e| e.into_inner()), token)
-                else {
+                // The command runs in the sandbox before its pid (the stream's first event)
+                // is read here: a cancel that comes first waits for it, up to `PID_WAIT`,
+                // rather than leave the command running. A stream that ends first (the
+                // command is done) needs no kill.
+                let known = tokio::time::timeout(PID_WAIT, pid.wait_for(Option::is_some));
+                let pid = match known.await {
+                    Ok(Ok(pid)) => *pid,
+                    _ => None,
+                };
+                let (Some(pid), Some(token)) = (pid, token) else {
                     return;
                 };
                 let body = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"});
@@ -726,7 +729,7 @@ impl E2b {
 async fn read_events(
     response: reqwest::Response,
     tx: mpsc::Sender<ExecEvent>,
-    pid: Arc<Mutex<Option<u64>>>,
+    pid: tokio::sync::watch::Sender<Option<u64>>,
     timed: bool,
 ) {
     let mut decoder = Decoder::default();
@@ -758,7 +761,7 @@ async fn read_events(
             };
             let item = match envd::parse_event(&message) {
                 ProcessEvent::Start { pid: p } => {
-                    *pid.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+                    pid.send_replace(Some(p));
                     continue;
                 }
                 ProcessEvent::Stdout(bytes) => ExecEvent::Stdout(bytes),

@@ -1,20 +1,23 @@
 //! Vercel commands: `POST .../cmd` with `wait: true` answers an NDJSON stream (the command's
 //! id, its output lines, then its exit), read into exec events; a cancel kills the command
-//! with `POST .../cmd/{id}/kill`.
+//! with `POST .../cmd/{id}/kill`, waiting for that id when the cancel comes first.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::{op_error, Vercel};
 use crate::ops::{ExecEvent, ExecSpec, ExecStream, ExitInfo, ExitReason};
 use crate::providers::hosted::http::path_segment;
 use crate::providers::{OpError, OpErrorKind};
+
+/// How long a cancel waits for the command's id before giving up on killing it.
+const ID_WAIT: Duration = Duration::from_secs(10);
 
 impl Vercel {
     /// `POST .../cmd` with `wait: true`: the command's NDJSON stream as an [`ExecStream`].
@@ -68,37 +71,45 @@ impl Vercel {
             ));
         }
         let (tx, rx) = mpsc::channel(64);
-        let command_id = Arc::new(Mutex::new(None::<String>));
+        let (id_tx, id_rx) = watch::channel(None::<String>);
         let reader = tokio::spawn(read_events(
             response,
             tx,
-            command_id.clone(),
+            id_tx,
             spec.timeout.map(|t| (sent, t)),
         ));
         let cancelled = Arc::new(tokio::sync::Notify::new());
-        tokio::spawn(self.kill_on_cancel(session, command_id, cancelled.clone()));
-        let cancel: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-            reader.abort();
-            cancelled.notify_one();
-        });
+        let killing = self.kill_on_cancel(session, id_rx, cancelled.clone(), reader.abort_handle());
+        tokio::spawn(killing);
+        let cancel: Arc<dyn Fn() + Send + Sync> = Arc::new(move || cancelled.notify_one());
         Ok(ExecStream { events: rx, cancel })
     }
 }
 
 impl Vercel {
-    /// Once `cancelled` fires, kills the command (`POST .../cmd/{id}/kill {signal: 9}`), if
-    /// its id has arrived.
+    /// Once `cancelled` fires, kills the command (`POST .../cmd/{id}/kill {signal: 9}`), then
+    /// stops reading its stream. The command runs at Vercel before its id (the stream's
+    /// first line) is read here, so a cancel that comes first waits for the id, up to
+    /// [`ID_WAIT`]: stopping the reader at once would lose the id and leave the command
+    /// running. A stream that ends first needs no kill.
     fn kill_on_cancel(
         &self,
         session: String,
-        command_id: Arc<Mutex<Option<String>>>,
+        mut command_id: watch::Receiver<Option<String>>,
         cancelled: Arc<tokio::sync::Notify>,
+        reader: tokio::task::AbortHandle,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let http = self.http.clone();
         let team = self.team_id.clone();
         async move {
             cancelled.notified().await;
-            let Some(id) = command_id.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            let id = match tokio::time::timeout(ID_WAIT, command_id.wait_for(Option::is_some)).await
+            {
+                Ok(Ok(id)) => id.clone(),
+                _ => None,
+            };
+            let Some(id) = id else {
+                reader.abort();
                 return;
             };
             let path = format!(
@@ -113,6 +124,7 @@ impl Vercel {
             if let Err(e) = http.send(request).await {
                 tracing::warn!(command = %id, error = %e.message, "vercel: killing a cancelled command failed");
             }
+            reader.abort();
         }
     }
 }
@@ -121,7 +133,7 @@ impl Vercel {
 async fn read_events(
     response: reqwest::Response,
     tx: mpsc::Sender<ExecEvent>,
-    command_id: Arc<Mutex<Option<String>>>,
+    command_id: watch::Sender<Option<String>>,
     timed: Option<(Instant, Duration)>,
 ) {
     let mut body = response.bytes_stream();
@@ -140,7 +152,7 @@ async fn read_events(
             let line: Vec<u8> = buffer.drain(..=at).collect();
             match parse_line(&line, &mut seen_command) {
                 Line::Command(id) => {
-                    *command_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+                    command_id.send_replace(Some(id));
                 }
                 Line::Output(event) => {
                     if tx.send(event).await.is_err() {
