@@ -32,6 +32,7 @@ mod forward;
 mod hop;
 mod io;
 mod limits;
+mod park;
 pub mod path;
 mod state;
 mod target;

@@ -56,4 +56,5 @@ mod runloop_fake;
 mod sandbox_restart;
 mod sandboxes;
 mod store;
+mod tunnel_park;
 mod vercel_fake;

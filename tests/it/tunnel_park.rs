@@ -1,0 +1,228 @@
+//! An intercepted HTTP/1.1 tunnel parks when idle (`egress::park`: hyper's buffers freed, the
+//! tunnel waiting for the client's next byte) and everything a client can do still works
+//! across a park: the next request on the same connection, pipelined requests, the idle
+//! timeout, the header-read timeout against a client that dribbles its request head, and the
+//! revocation of the tunnel's identity. Each test first sees the tunnel parked in the
+//! gateway's own metrics, so none passes without a park having happened.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::*;
+
+async fn metric(gw: &Gateway, name: &str) -> f64 {
+    let text = reqwest::get(gw.api("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls until the gateway has parked `parks` bursts in all (a deadline, never a sleep the
+/// outcome depends on).
+async fn wait_parks(gw: &Gateway, parks: f64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let seen = metric(gw, "sandgate_proxy_tunnel_parks_total").await;
+        if seen >= parks {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tunnel never parked ({seen} parks, waited for {parks})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+struct Setup {
+    gw: Gateway,
+    origin: Origin,
+    _ca: TestCa,
+}
+
+async fn setup(proxy_toml: &str) -> Setup {
+    init();
+    let ca = TestCa::new();
+    let origin = start_origin(Some(ca.server_config(&["api.a.test"]))).await;
+    let gw = Gateway::start(GatewayOptions {
+        upstream_ca: Some(ca.pem_path.clone()),
+        proxy_toml: proxy_toml.to_string(),
+        ..Default::default()
+    })
+    .await;
+    Setup {
+        gw,
+        origin,
+        _ca: ca,
+    }
+}
+
+type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+async fn tunnel(s: &Setup) -> Tls {
+    let port = s.origin.port();
+    s.gw.tls_tunnel("sb-a", "api.a.test", port, "api.a.test", &[b"http/1.1"])
+        .await
+        .unwrap()
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: api.a.test\r\n\r\n")
+}
+
+/// Reads one response (head and a `content-length` body) and returns its status and body.
+async fn response(tls: &mut Tls) -> (u16, String) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), tls.read(&mut byte))
+            .await
+            .expect("no response within 10 s")
+            .unwrap();
+        assert!(n > 0, "the tunnel closed before a response head");
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head).to_string();
+    let status = text[9..12].parse().unwrap();
+    let length = text
+        .lines()
+        .find_map(|l| {
+            let l = l.to_ascii_lowercase();
+            l.strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    tls.read_exact(&mut body).await.unwrap();
+    (status, String::from_utf8_lossy(&body).to_string())
+}
+
+/// Whether the peer closed `tls` within `within` (EOF or a reset), reading and discarding.
+async fn closed_within(tls: &mut Tls, within: Duration) -> bool {
+    let mut sink = [0u8; 256];
+    tokio::time::timeout(within, async {
+        loop {
+            match tls.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+#[tokio::test]
+async fn a_parked_tunnel_serves_its_next_request_and_pipelined_ones() {
+    let _metrics = own_metrics();
+    let s = setup("idle_timeout_secs = 60\n").await;
+    let mut tls = tunnel(&s).await;
+    tls.write_all(get("/first").as_bytes()).await.unwrap();
+    assert_eq!(response(&mut tls).await.0, 200);
+    wait_parks(&s.gw, 1.0).await;
+    assert_eq!(metric(&s.gw, "sandgate_proxy_tunnels_parked").await, 1.0);
+
+    // The same connection, after the park: one request, then two written at once (the
+    // second is past the byte that wakes the tunnel, in what hyper reads next).
+    tls.write_all(get("/second").as_bytes()).await.unwrap();
+    assert_eq!(response(&mut tls).await.0, 200);
+    assert_eq!(s.origin.last().unwrap().path, "/second");
+    wait_parks(&s.gw, 2.0).await;
+    let two = format!("{}{}", get("/p1"), get("/p2"));
+    tls.write_all(two.as_bytes()).await.unwrap();
+    assert_eq!(response(&mut tls).await.0, 200);
+    assert_eq!(response(&mut tls).await.0, 200);
+    assert_eq!(s.origin.last().unwrap().path, "/p2");
+    assert_eq!(s.origin.count(), 4, "every request reached the origin once");
+    s.gw.server.shutdown();
+}
+
+#[tokio::test]
+async fn a_parked_tunnel_is_closed_after_the_idle_timeout_not_the_header_timeout() {
+    let _metrics = own_metrics();
+    let s = setup("idle_timeout_secs = 3\nheader_read_timeout_secs = 1\n").await;
+    let mut tls = tunnel(&s).await;
+    tls.write_all(get("/x").as_bytes()).await.unwrap();
+    assert_eq!(response(&mut tls).await.0, 200);
+    let idle_from = Instant::now();
+    wait_parks(&s.gw, 1.0).await;
+    assert!(
+        closed_within(&mut tls, Duration::from_secs(10)).await,
+        "a parked tunnel outlived its idle timeout"
+    );
+    // hyper's header-read timeout (1 s) used to close an idle keep-alive tunnel; the idle
+    // timeout (3 s) is the one that applies to a connection with no traffic.
+    assert!(
+        idle_from.elapsed() >= Duration::from_millis(2500),
+        "closed after {:?}, before the idle timeout",
+        idle_from.elapsed()
+    );
+    s.gw.server.shutdown();
+}
+
+#[tokio::test]
+async fn a_request_head_dribbled_after_a_park_still_meets_the_header_read_timeout() {
+    let _metrics = own_metrics();
+    let s = setup("idle_timeout_secs = 60\nheader_read_timeout_secs = 1\n").await;
+    let mut tls = tunnel(&s).await;
+    tls.write_all(get("/x").as_bytes()).await.unwrap();
+    assert_eq!(response(&mut tls).await.0, 200);
+    wait_parks(&s.gw, 1.0).await;
+    // One byte of a request head every 200 ms: never a complete head, never a quiet period.
+    let started = Instant::now();
+    let dribble =
+        b"GET /slow HTTP/1.1\r\nHost: api.a.test\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut cut = false;
+    for byte in dribble {
+        if tls.write_all(&[*byte]).await.is_err() || tls.flush().await.is_err() {
+            cut = true;
+            break;
+        }
+        if closed_within(&mut tls, Duration::from_millis(200)).await {
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "a dribbled head was read for {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the header-read timeout (1 s) took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        s.origin.count(),
+        1,
+        "the dribbled request never reached the origin"
+    );
+    s.gw.server.shutdown();
+}
+
+#[tokio::test]
+async fn revoking_an_identity_ends_its_parked_tunnels_at_once() {
+    let _metrics = own_metrics();
+    let s = setup("idle_timeout_secs = 60\n").await;
+    let mut tunnels = Vec::new();
+    for _ in 0..3 {
+        let mut tls = tunnel(&s).await;
+        tls.write_all(get("/x").as_bytes()).await.unwrap();
+        assert_eq!(response(&mut tls).await.0, 200);
+        tunnels.push(tls);
+    }
+    wait_parks(&s.gw, 3.0).await;
+    s.gw.server.egress.identities.revoke("sb-a");
+    for mut tls in tunnels {
+        assert!(
+            closed_within(&mut tls, Duration::from_secs(1)).await,
+            "a parked tunnel was still open a second after its identity was revoked"
+        );
+    }
+    assert_eq!(metric(&s.gw, "sandgate_proxy_tunnels_parked").await, 0.0);
+    s.gw.server.shutdown();
+}
