@@ -11,22 +11,31 @@ use sandgate::tls::{CaOrigin, CertAuthority};
 
 /// mimalloc rather than the system allocator: the proxy allocates and frees small objects
 /// per request (headers, policy inputs, bodies' frames), and glibc malloc/free were ~17% of
-/// its CPU in the keep-alive benchmark (see benches/README.md).
+/// its CPU in the keep-alive benchmark (see benches/README.md). Built without transparent
+/// huge pages (`libmimalloc-sys` feature `no_thp`): mimalloc otherwise asks for them on its
+/// arenas, and with the kernel's THP in `madvise` mode every touched 2 MiB region became
+/// resident, 15 MiB more at start and a third more per idle tunnel (the `idle-tunnels`
+/// bench's figures).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Returns memory freed by closed connections to the OS every few seconds. mimalloc releases
-/// freed pages only from inside later allocator calls, so an idle gateway kept what 10k
-/// closed tunnels had used (548 MiB after they closed, against 50 MiB with this; see the
-/// `idle-tunnels` scenario in benches/README.md). One call releases the pages of every
-/// thread: the arenas are shared.
+/// Returns freed memory to the OS every second. mimalloc releases freed pages only from inside
+/// later allocator calls, so an idle gateway kept what 10k closed tunnels had used (548 MiB
+/// after they closed, against 50 MiB with this; see the `idle-tunnels` scenario in
+/// benches/README.md), and tunnels that park (`egress::park`) free their HTTP buffers when
+/// nothing else allocates. One call releases the pages of every thread: the arenas are
+/// shared; a call with nothing to release costs microseconds.
 fn spawn_memory_release() {
     let _ = std::thread::Builder::new()
         .name("sandgate-mem-release".into())
         .spawn(|| loop {
-            std::thread::sleep(std::time::Duration::from_secs(5));
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            #[cfg(not(feature = "system-allocator"))]
             // SAFETY: mi_collect takes no pointers and may be called from any thread.
-            unsafe { libmimalloc_sys::mi_collect(false) };
+            unsafe {
+                libmimalloc_sys::mi_collect(false)
+            };
         });
 }
 
