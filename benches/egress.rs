@@ -1635,7 +1635,10 @@ impl Stage {
 /// all and measures what is left: at once, a while later, and after a little new traffic.
 async fn idle_run(route: &Arc<Route>, variant: TunnelVariant, checkpoints: &[usize]) -> Vec<Stage> {
     let pid = route.pid().expect("idle tunnels go through a proxy");
-    let settle = Duration::from_secs(2);
+    // Idle means settled: a sandgate tunnel parks 0.5–1 s after its last byte (`egress::park`)
+    // and the pages it freed go back to the OS a second or two later (mimalloc purges pages
+    // free for 1 s; sandgate collects every second). Every proxy gets the same wait.
+    let settle = Duration::from_secs(5);
     // Warm-up: the leaf is minted and cached, the upstream pool exists, the workers have run.
     match open_held(route.clone(), TunnelVariant::Request).await {
         Ok(held) => drop(held),
