@@ -25,7 +25,9 @@ pub struct ProxyConfig {
     pub max_header_bytes: usize,
     /// Seconds a client may take to send a complete request head.
     pub header_read_timeout_secs: u64,
-    /// Seconds a connection may sit without any traffic before it is closed.
+    /// Seconds an intercepted tunnel with nothing in flight may sit without any traffic
+    /// before it is closed (parked meanwhile, see `egress::park`); also the longest wait for
+    /// an upstream's response head.
     pub idle_timeout_secs: u64,
     /// Upper bound on the lifetime of one CONNECT tunnel, in seconds.
     pub tunnel_max_secs: u64,
