@@ -53,6 +53,23 @@ pub struct DecisionRecord {
     pub credential_types: Vec<&'static str>,
     pub policy_generation: u64,
     pub latency_us: u64,
+    /// The policy's own decision behind this record, when policy decided (it did not for a
+    /// refusal made before policy, e.g. a placeholder in the host): its id, its complete
+    /// input and its answer, which is what `sandgate policy eval --replay` re-evaluates.
+    #[serde(skip)]
+    pub policy: Option<std::sync::Arc<LoggedEval>>,
+}
+
+/// A policy decision whose caller writes the log record itself (the egress proxy): what the
+/// engine would have logged, handed to the caller through [`crate::policy::Decision`].
+#[derive(Debug)]
+pub struct LoggedEval {
+    pub decision_id: String,
+    /// The input exactly as evaluated, minus secrets ([`DecisionLog::redact`]).
+    pub input: serde_json::Value,
+    /// `{allow, deny, action, scope?}` as the policy answered, before anything the caller
+    /// did after it (a dial failure, a guard refusal): replay compares against this.
+    pub result: serde_json::Value,
 }
 
 /// One policy decision in OPA's decision-log shape, written by the policy engine.
@@ -106,10 +123,12 @@ enum Entry {
 }
 
 /// An egress record as written: its own fields, flat (what existing readers use), plus the
-/// OPA fields. The egress input is summarised from the record (the proxy does not keep the
-/// policy input around), and the timer is the whole decision's, as OPA's
-/// `timer_server_handler_ns`. `path` keeps its older meaning here (the request path, query
-/// values removed), so the package path is in `policy_path`.
+/// OPA fields. When policy decided, `decision_id` is the policy decision's, `input` the
+/// complete input it evaluated and `policy_result` its answer (`result` is the record's
+/// outcome, which a later refusal may differ from); otherwise `input` is summarised from the
+/// record and there is no `policy_result` (nothing to replay). The timer is the whole
+/// decision's, as OPA's `timer_server_handler_ns`. `path` keeps its older meaning here (the
+/// request path, query values removed), so the package path is in `policy_path`.
 #[derive(Serialize)]
 struct EgressLine<'a> {
     #[serde(flatten)]
@@ -119,6 +138,8 @@ struct EgressLine<'a> {
     policy_path: &'static str,
     input: serde_json::Value,
     result: serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy_result: Option<&'a serde_json::Value>,
     timestamp: &'a str,
     labels: Labels,
     metrics: EgressMetrics,
@@ -134,21 +155,10 @@ impl Entry {
         match self {
             Entry::Policy(record) => serde_json::to_vec(record),
             Entry::Egress(record) => {
-                let mut request = serde_json::Map::new();
-                if let Some(method) = &record.method {
-                    request.insert("method".into(), method.clone().into());
-                }
-                if let Some(path) = &record.path {
-                    request.insert("path".into(), path.clone().into());
-                }
-                let mut input = serde_json::json!({
-                    "phase": record.phase,
-                    "sandbox": {"id": record.sandbox, "workspace": record.workspace},
-                    "destination": {"host": record.host, "port": record.port, "ip": record.ip},
-                });
-                if !request.is_empty() {
-                    input["request"] = request.into();
-                }
+                let input = match &record.policy {
+                    Some(policy) => policy.input.clone(),
+                    None => summary_input(record),
+                };
                 let mut result = serde_json::json!({
                     "allow": record.decision == "allow",
                     "deny": if record.decision == "allow" { Vec::new() } else { record.reasons.clone() },
@@ -161,11 +171,15 @@ impl Entry {
                 }
                 serde_json::to_vec(&EgressLine {
                     record,
-                    decision_id: new_decision_id(),
+                    decision_id: record
+                        .policy
+                        .as_ref()
+                        .map_or_else(new_decision_id, |p| p.decision_id.clone()),
                     layer: "egress",
                     policy_path: "sandgate/egress",
                     input,
                     result,
+                    policy_result: record.policy.as_ref().map(|p| &p.result),
                     timestamp: &record.ts,
                     labels: Labels::new(record.policy_generation),
                     metrics: EgressMetrics {
@@ -175,6 +189,26 @@ impl Entry {
             }
         }
     }
+}
+
+/// The input of an egress record policy did not decide, from the record's own fields.
+fn summary_input(record: &DecisionRecord) -> serde_json::Value {
+    let mut request = serde_json::Map::new();
+    if let Some(method) = &record.method {
+        request.insert("method".into(), method.clone().into());
+    }
+    if let Some(path) = &record.path {
+        request.insert("path".into(), path.clone().into());
+    }
+    let mut input = serde_json::json!({
+        "phase": record.phase,
+        "sandbox": {"id": record.sandbox, "workspace": record.workspace},
+        "destination": {"host": record.host, "port": record.port, "ip": record.ip},
+    });
+    if !request.is_empty() {
+        input["request"] = request.into();
+    }
+    input
 }
 
 #[derive(Debug, Clone)]
