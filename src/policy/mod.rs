@@ -25,6 +25,7 @@
 
 pub mod input;
 mod probe;
+pub mod replay;
 pub mod scope;
 pub mod testing;
 
