@@ -6,8 +6,9 @@
 //! - the policy engine, for every layer it evaluates (`kind: "policy"`), with the input it was
 //!   given minus anything secret ([`redact_input`]);
 //! - the egress proxy, once per egress decision (`kind: "egress"`), with its flat fields
-//!   (sandbox, host, method, path, code, credentials, latency) plus the OPA fields derived from
-//!   them. The engine does not also log the `egress` layer: the proxy's record is the richer
+//!   (sandbox, host, method, path, code, credentials, latency) plus the OPA fields: when
+//!   policy decided, the engine's id, complete (redacted) input and answer, handed over in
+//!   [`LoggedEval`], so the record can be replayed (`crate::policy::replay`). The engine does not also log the `egress` layer: the proxy's record is the richer
 //!   one (it covers refusals made before or after policy too), and one line per decision keeps
 //!   the log countable.
 //!
