@@ -389,6 +389,17 @@ pub fn redact_input(value: &mut serde_json::Value) {
     use serde_json::Value as J;
     match value {
         J::Object(map) => {
+            // A placeholder in a key (a header name) is as much a secret as one in a value.
+            let marked: Vec<String> = map
+                .keys()
+                .filter(|k| crate::base::scan::mentions_placeholder(k.as_bytes()))
+                .cloned()
+                .collect();
+            for key in marked {
+                if let Some(v) = map.remove(&key) {
+                    map.insert(crate::base::scan::redact(&key).into_owned(), v);
+                }
+            }
             for (key, v) in map.iter_mut() {
                 let lower = key.to_ascii_lowercase();
                 if SECRET_KEYS.contains(&lower.as_str()) && !v.is_null() {
@@ -506,7 +517,8 @@ mod tests {
                 "path": "/repos?access_token=abc&x=1",
                 "headers": {"Authorization": "Bearer s3cret", "cookie": "sid=1",
                             "proxy-authorization": "Basic eA==", "accept": "*/*",
-                            "x-custom": "token sgph_0123abcdEF-_ and more"}
+                            "x-custom": "token sgph_0123abcdEF-_ and more",
+                            "sgph_0123abcdef9": "1"}
             },
             "list": ["sgph_aaaa", "plain"],
             "credential": {"name": "github", "secret": "never"}
@@ -518,6 +530,7 @@ mod tests {
             "sid=1",
             "eA==",
             "0123abcd",
+            "abcdef9",
             "sgph_aaaa",
             "never",
             "abc",

@@ -337,10 +337,7 @@ mod tests {
     fn a_malformed_line_is_named_and_nothing_after_it_is_read() {
         let file = log(&[GOOD, b"{\"kind\": \"policy\", truncated", GOOD]);
         let e = read(file.path(), |_| true).unwrap_err().to_string();
-        assert!(
-            e.ends_with(":2: not a JSON record: EOF while parsing an object at line 1 column 29"),
-            "{e}"
-        );
+        assert!(e.contains(":2: not a JSON record: "), "{e}");
         let file = log(&[GOOD, b"[1,2]"]);
         let e = read(file.path(), |_| true).unwrap_err().to_string();
         assert!(e.contains(":2: not a JSON object"), "{e}");
