@@ -81,13 +81,18 @@ async fn traffic(gw: &Gateway, origin_port: u16) -> (usize, usize) {
             .send()
             .await
             .unwrap();
-        assert_eq!(
-            resp.status().as_u16(),
-            201,
-            "{}",
-            resp.text().await.unwrap()
-        );
+        assert_eq!(resp.status().as_u16(), 201);
+        let id = resp.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
         creates += 1;
+        // A lifecycle decision too (delete), whatever its answer.
+        api.delete(gw.api(&format!("/v1/sandboxes/{id}")))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
     }
     (egress, creates)
 }
@@ -137,6 +142,7 @@ async fn logged_decisions_replay_exactly_and_a_candidate_deny_flips_only_its_own
     // The log is written off the request path: wait until every decision is in it.
     gw.decisions(egress).await;
     gw.policy_decisions("provider", creates).await;
+    gw.policy_decisions("lifecycle", creates).await;
     let creation = gw.policy_decisions("creation", creates).await;
     assert!(creation.len() >= creates);
 
@@ -164,7 +170,7 @@ async fn logged_decisions_replay_exactly_and_a_candidate_deny_flips_only_its_own
         allowed >= 50 && denied >= 20,
         "{allowed} allowed, {denied} denied"
     );
-    for layer in ["egress", "creation", "provider"] {
+    for layer in ["egress", "creation", "provider", "lifecycle"] {
         assert!(layers.contains(layer), "no {layer} record in {layers:?}");
     }
     // The derivations are in the record, the secrets are not.
