@@ -6,8 +6,9 @@
 //! - the policy engine, for every layer it evaluates (`kind: "policy"`), with the input it was
 //!   given minus anything secret ([`redact_input`]);
 //! - the egress proxy, once per egress decision (`kind: "egress"`), with its flat fields
-//!   (sandbox, host, method, path, code, credentials, latency) plus the OPA fields derived from
-//!   them. The engine does not also log the `egress` layer: the proxy's record is the richer
+//!   (sandbox, host, method, path, code, credentials, latency) plus the OPA fields: when
+//!   policy decided, the engine's id, complete (redacted) input and answer, handed over in
+//!   [`LoggedEval`], so the record can be replayed (`crate::policy::replay`). The engine does not also log the `egress` layer: the proxy's record is the richer
 //!   one (it covers refusals made before or after policy too), and one line per decision keeps
 //!   the log countable.
 //!
@@ -53,6 +54,23 @@ pub struct DecisionRecord {
     pub credential_types: Vec<&'static str>,
     pub policy_generation: u64,
     pub latency_us: u64,
+    /// The policy's own decision behind this record, when policy decided (it did not for a
+    /// refusal made before policy, e.g. a placeholder in the host): its id, its complete
+    /// input and its answer, which is what `sandgate policy eval --replay` re-evaluates.
+    #[serde(skip)]
+    pub policy: Option<std::sync::Arc<LoggedEval>>,
+}
+
+/// A policy decision whose caller writes the log record itself (the egress proxy): what the
+/// engine would have logged, handed to the caller through [`crate::policy::Decision`].
+#[derive(Debug)]
+pub struct LoggedEval {
+    pub decision_id: String,
+    /// The input exactly as evaluated, minus secrets ([`DecisionLog::redact`]).
+    pub input: serde_json::Value,
+    /// `{allow, deny, action, scope?}` as the policy answered, before anything the caller
+    /// did after it (a dial failure, a guard refusal): replay compares against this.
+    pub result: serde_json::Value,
 }
 
 /// One policy decision in OPA's decision-log shape, written by the policy engine.
@@ -106,10 +124,12 @@ enum Entry {
 }
 
 /// An egress record as written: its own fields, flat (what existing readers use), plus the
-/// OPA fields. The egress input is summarised from the record (the proxy does not keep the
-/// policy input around), and the timer is the whole decision's, as OPA's
-/// `timer_server_handler_ns`. `path` keeps its older meaning here (the request path, query
-/// values removed), so the package path is in `policy_path`.
+/// OPA fields. When policy decided, `decision_id` is the policy decision's, `input` the
+/// complete input it evaluated and `policy_result` its answer (`result` is the record's
+/// outcome, which a later refusal may differ from); otherwise `input` is summarised from the
+/// record and there is no `policy_result` (nothing to replay). The timer is the whole
+/// decision's, as OPA's `timer_server_handler_ns`. `path` keeps its older meaning here (the
+/// request path, query values removed), so the package path is in `policy_path`.
 #[derive(Serialize)]
 struct EgressLine<'a> {
     #[serde(flatten)]
@@ -119,6 +139,8 @@ struct EgressLine<'a> {
     policy_path: &'static str,
     input: serde_json::Value,
     result: serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy_result: Option<&'a serde_json::Value>,
     timestamp: &'a str,
     labels: Labels,
     metrics: EgressMetrics,
@@ -134,21 +156,10 @@ impl Entry {
         match self {
             Entry::Policy(record) => serde_json::to_vec(record),
             Entry::Egress(record) => {
-                let mut request = serde_json::Map::new();
-                if let Some(method) = &record.method {
-                    request.insert("method".into(), method.clone().into());
-                }
-                if let Some(path) = &record.path {
-                    request.insert("path".into(), path.clone().into());
-                }
-                let mut input = serde_json::json!({
-                    "phase": record.phase,
-                    "sandbox": {"id": record.sandbox, "workspace": record.workspace},
-                    "destination": {"host": record.host, "port": record.port, "ip": record.ip},
-                });
-                if !request.is_empty() {
-                    input["request"] = request.into();
-                }
+                let input = match &record.policy {
+                    Some(policy) => policy.input.clone(),
+                    None => summary_input(record),
+                };
                 let mut result = serde_json::json!({
                     "allow": record.decision == "allow",
                     "deny": if record.decision == "allow" { Vec::new() } else { record.reasons.clone() },
@@ -161,11 +172,15 @@ impl Entry {
                 }
                 serde_json::to_vec(&EgressLine {
                     record,
-                    decision_id: new_decision_id(),
+                    decision_id: record
+                        .policy
+                        .as_ref()
+                        .map_or_else(new_decision_id, |p| p.decision_id.clone()),
                     layer: "egress",
                     policy_path: "sandgate/egress",
                     input,
                     result,
+                    policy_result: record.policy.as_ref().map(|p| &p.result),
                     timestamp: &record.ts,
                     labels: Labels::new(record.policy_generation),
                     metrics: EgressMetrics {
@@ -175,6 +190,26 @@ impl Entry {
             }
         }
     }
+}
+
+/// The input of an egress record policy did not decide, from the record's own fields.
+fn summary_input(record: &DecisionRecord) -> serde_json::Value {
+    let mut request = serde_json::Map::new();
+    if let Some(method) = &record.method {
+        request.insert("method".into(), method.clone().into());
+    }
+    if let Some(path) = &record.path {
+        request.insert("path".into(), path.clone().into());
+    }
+    let mut input = serde_json::json!({
+        "phase": record.phase,
+        "sandbox": {"id": record.sandbox, "workspace": record.workspace},
+        "destination": {"host": record.host, "port": record.port, "ip": record.ip},
+    });
+    if !request.is_empty() {
+        input["request"] = request.into();
+    }
+    input
 }
 
 #[derive(Debug, Clone)]
@@ -354,6 +389,17 @@ pub fn redact_input(value: &mut serde_json::Value) {
     use serde_json::Value as J;
     match value {
         J::Object(map) => {
+            // A placeholder in a key (a header name) is as much a secret as one in a value.
+            let marked: Vec<String> = map
+                .keys()
+                .filter(|k| crate::base::scan::mentions_placeholder(k.as_bytes()))
+                .cloned()
+                .collect();
+            for key in marked {
+                if let Some(v) = map.remove(&key) {
+                    map.insert(crate::base::scan::redact(&key).into_owned(), v);
+                }
+            }
             for (key, v) in map.iter_mut() {
                 let lower = key.to_ascii_lowercase();
                 if SECRET_KEYS.contains(&lower.as_str()) && !v.is_null() {
@@ -471,7 +517,8 @@ mod tests {
                 "path": "/repos?access_token=abc&x=1",
                 "headers": {"Authorization": "Bearer s3cret", "cookie": "sid=1",
                             "proxy-authorization": "Basic eA==", "accept": "*/*",
-                            "x-custom": "token sgph_0123abcdEF-_ and more"}
+                            "x-custom": "token sgph_0123abcdEF-_ and more",
+                            "sgph_0123abcdef9": "1"}
             },
             "list": ["sgph_aaaa", "plain"],
             "credential": {"name": "github", "secret": "never"}
@@ -483,6 +530,7 @@ mod tests {
             "sid=1",
             "eA==",
             "0123abcd",
+            "abcdef9",
             "sgph_aaaa",
             "never",
             "abc",

@@ -7,6 +7,7 @@
 mod explain;
 mod pools;
 mod provider;
+pub mod replay;
 mod term;
 mod wait;
 mod why;

@@ -82,6 +82,7 @@ mod tests {
             decision_id: None,
             deny_scope: None,
             default_deny,
+            logged: None,
         }
     }
 

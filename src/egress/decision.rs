@@ -2,12 +2,13 @@
 //! [`Outcome`] per decision, recorded once, and the refusals the proxy answers with.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::state::EgressState;
 use super::target::Target;
 use crate::credentials::scan;
-use crate::decision_log::{now_rfc3339, redact_query, DecisionRecord};
+use crate::decision_log::{now_rfc3339, redact_query, DecisionRecord, LoggedEval};
 use crate::error::{Blame, Details, Error, Kind};
 use crate::net::ResolveError;
 
@@ -26,6 +27,9 @@ pub(crate) struct Outcome {
     pub credentials: Vec<String>,
     pub credential_types: Vec<&'static str>,
     pub generation: u64,
+    /// The policy decision behind this outcome (see [`crate::decision_log::LoggedEval`]);
+    /// a connect-phase record fetches it from the engine instead ([`record`]).
+    pub policy: Option<Arc<LoggedEval>>,
 }
 
 impl Outcome {
@@ -48,6 +52,7 @@ impl Outcome {
             credentials: Vec::new(),
             credential_types: Vec::new(),
             generation: 0,
+            policy: None,
         }
     }
 
@@ -91,6 +96,14 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
     if !state.log.enabled() {
         return;
     }
+    // The connect path keeps only the verdict; the engine kept the rest for this tunnel.
+    // Taken for every connect-phase record, so a refusal made after an allow (a dial the
+    // guard refused) still says what policy answered.
+    let policy = match outcome.policy {
+        Some(policy) => Some(policy),
+        None if outcome.phase == "connect" => state.policy.take_connect_eval(&target.sandbox),
+        None => None,
+    };
     state.log.record(DecisionRecord {
         ts: now_rfc3339(),
         kind: "egress",
@@ -111,6 +124,7 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
         credential_types: outcome.credential_types,
         policy_generation: outcome.generation,
         latency_us: latency.as_micros() as u64,
+        policy,
     });
 }
 
@@ -158,6 +172,7 @@ pub(crate) fn record_unidentified(
         credential_types: Vec::new(),
         policy_generation: state.policy.generation(),
         latency_us: started.elapsed().as_micros() as u64,
+        policy: None,
     });
 }
 

@@ -239,6 +239,7 @@ async fn request_policy(ctx: &mut Ctx, req: &Request<Incoming>) -> Phase<regorus
         destination
     };
     ctx.outcome.generation = decision.generation;
+    ctx.outcome.policy = decision.logged.clone();
     if !decision.allowed {
         let error = egress_denied(&ctx.target, &decision.reasons);
         return Err(Stop::Deny(error, decision.reasons));

@@ -25,6 +25,7 @@
 
 pub mod input;
 mod probe;
+pub mod replay;
 pub mod scope;
 pub mod testing;
 
@@ -38,7 +39,7 @@ use std::time::{Duration, Instant, SystemTime};
 use regorus::Value;
 
 pub use crate::base::Layer;
-use crate::decision_log::{DecisionLog, Labels, PolicyMetrics, PolicyRecord};
+use crate::decision_log::{DecisionLog, Labels, LoggedEval, PolicyMetrics, PolicyRecord};
 
 /// The layers sandgate knows; each has its package `sandgate.<layer>`.
 pub const LAYERS: &[&str] = &[
@@ -86,6 +87,9 @@ pub struct Decision {
     /// Refused only for want of an `allow` (no `deny` entry, no missing layer, no error):
     /// a fact the input lacked (the egress proxy's resolved address) could still change it.
     pub default_deny: bool,
+    /// For a layer whose caller writes its own record (egress), while a log is attached:
+    /// what that record must carry to be replayed (id, complete input, the policy's answer).
+    pub logged: Option<Arc<LoggedEval>>,
 }
 
 /// The platform scope's name.
@@ -250,6 +254,12 @@ pub struct PolicyEngine {
     next_generation: AtomicU64,
     /// Where decisions are logged, set once by the server (tools and tests run without).
     log: OnceLock<EngineLog>,
+    /// Connect-phase egress decisions waiting for the proxy's record, keyed by the identity
+    /// of the tunnel's `input.sandbox` value ([`sandbox_key`]): the connect path hands the
+    /// proxy's record only its verdict, so the record fetches the rest here
+    /// ([`PolicyEngine::take_connect_eval`]). Bounded: an entry whose record is never
+    /// written (a connection dropped mid-way) is evicted, never leaked.
+    connect_evals: quick_cache::sync::Cache<usize, Arc<LoggedEval>>,
 }
 
 struct EngineLog {
@@ -297,6 +307,7 @@ impl PolicyEngine {
             loaded_at: RwLock::new(SystemTime::now()),
             next_generation: AtomicU64::new(2),
             log: OnceLock::new(),
+            connect_evals: quick_cache::sync::Cache::new(4096),
         })
     }
 
@@ -312,6 +323,39 @@ impl PolicyEngine {
             .get()
             .filter(|l| l.log.enabled() && !l.skip.contains(&layer))
             .map(|l| &l.log)
+    }
+
+    /// The log `layer`'s caller writes its decisions to, when it writes its own.
+    fn caller_log_for(&self, layer: &str) -> Option<&DecisionLog> {
+        self.log
+            .get()
+            .filter(|l| l.log.enabled() && l.skip.contains(&layer))
+            .map(|l| &l.log)
+    }
+
+    /// The connect-phase egress decision last made for the tunnel whose `input.sandbox` is
+    /// `sandbox`, once: what its decision record replays.
+    pub fn take_connect_eval(&self, sandbox: &Value) -> Option<Arc<LoggedEval>> {
+        let key = sandbox_key(sandbox)?;
+        self.connect_evals.remove(&key).map(|(_, v)| v)
+    }
+
+    /// Hands a decision of a layer whose caller logs it what the caller's record needs.
+    fn keep_for_caller(
+        &self,
+        log: &DecisionLog,
+        layer: &'static str,
+        decision: &mut Decision,
+        input: &Value,
+    ) {
+        let logged = Arc::new(logged_eval(log, layer, decision, input));
+        decision.decision_id = Some(logged.decision_id.clone());
+        if layer == "egress" && input["phase"] == Value::from("connect") {
+            if let Some(key) = sandbox_key(&input["sandbox"]) {
+                self.connect_evals.insert(key, logged.clone());
+            }
+        }
+        decision.logged = Some(logged);
     }
 
     pub fn generation(&self) -> u64 {
@@ -517,7 +561,8 @@ impl PolicyEngine {
         let started = Instant::now();
         // Only a logged decision keeps its input (a cheap reference-counted clone).
         let log = self.log_for(layer);
-        let logged_input = log.map(|_| input.clone());
+        let caller_log = self.caller_log_for(layer);
+        let logged_input = (log.is_some() || caller_log.is_some()).then(|| input.clone());
         let generation = self.current();
         let (mut decision, outcome) = if !generation.present_layers.contains(&layer) {
             (
@@ -566,8 +611,14 @@ impl PolicyEngine {
             .record(eval_time.as_secs_f64());
         metrics::counter!("sandgate_policy_decisions_total", "layer" => layer, "outcome" => outcome)
             .increment(1);
-        if let (Some(log), Some(input)) = (log, logged_input) {
-            decision.decision_id = Some(write_record(log, layer, outcome, &decision, &input));
+        match (log, caller_log, logged_input) {
+            (Some(log), _, Some(input)) => {
+                decision.decision_id = Some(write_record(log, layer, outcome, &decision, &input));
+            }
+            (None, Some(log), Some(input)) => {
+                self.keep_for_caller(log, layer, &mut decision, &input)
+            }
+            _ => {}
         }
         decision
     }
@@ -695,6 +746,7 @@ fn refusal(reason: String, scope: &Arc<str>) -> Decision {
         decision_id: None,
         deny_scope: Some(scope.clone()),
         default_deny: false,
+        logged: None,
     }
 }
 
@@ -749,17 +801,27 @@ fn compose(
         decision_id: None,
         deny_scope: if allowed { None } else { deny_scope },
         default_deny,
+        logged: None,
     }
 }
 
-/// Writes one OPA-shaped record for a decision; returns its id.
-fn write_record(
+/// Identifies a tunnel by its `input.sandbox` value, which the proxy builds once per tunnel
+/// and shares (reference-counted) with every input of that tunnel.
+fn sandbox_key(sandbox: &Value) -> Option<usize> {
+    match sandbox {
+        Value::Object(map) => Some(&**map as *const _ as *const () as usize),
+        _ => None,
+    }
+}
+
+/// What a decision's record says about it: a new id, the input minus secrets, and
+/// `{allow, deny, action (egress), scope (when refused)}`.
+fn logged_eval(
     log: &DecisionLog,
     layer: &'static str,
-    outcome: &'static str,
     decision: &Decision,
     input: &Value,
-) -> String {
+) -> LoggedEval {
     let mut input = serde_json::to_value(input).unwrap_or(serde_json::Value::Null);
     log.redact(&mut input);
     let deny: &[String] = if decision.allowed {
@@ -774,7 +836,26 @@ fn write_record(
     if let Some(scope) = &decision.deny_scope {
         result["scope"] = (**scope).into();
     }
-    let decision_id = crate::decision_log::new_decision_id();
+    LoggedEval {
+        decision_id: crate::decision_log::new_decision_id(),
+        input,
+        result,
+    }
+}
+
+/// Writes one OPA-shaped record for a decision; returns its id.
+fn write_record(
+    log: &DecisionLog,
+    layer: &'static str,
+    outcome: &'static str,
+    decision: &Decision,
+    input: &Value,
+) -> String {
+    let LoggedEval {
+        decision_id,
+        input,
+        result,
+    } = logged_eval(log, layer, decision, input);
     log.record_policy(PolicyRecord {
         kind: "policy",
         decision_id: decision_id.clone(),

@@ -48,6 +48,7 @@ mod prime_fake;
 mod propagation;
 mod proxy_tls;
 mod rekey;
+mod replay;
 mod replica_failover;
 mod replicas;
 mod roles;
