@@ -146,18 +146,29 @@ enum PolicyCommand {
         #[arg(long, short)]
         verbose: bool,
     },
-    /// Evaluate one layer's decision for an input document.
+    /// Evaluate one layer's decision for an input document, or replay a logged decision
+    /// (`--replay ID --decisions FILE`: exit 0 when the answer is the recorded one, 1 when it
+    /// differs, 2 on error).
     Eval {
         /// The layer (package `sandgate.<layer>`), e.g. egress or credential.
-        #[arg(long)]
-        layer: String,
+        #[arg(long, required_unless_present = "replay")]
+        layer: Option<String>,
         /// JSON input document (`-` for standard input).
-        #[arg(long)]
-        input: PathBuf,
+        #[arg(long, required_unless_present = "replay")]
+        input: Option<PathBuf>,
         /// Policy directory (default: the config's `[policy] dir`).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// A logged decision's `decision_id`: evaluate its recorded input instead.
+        #[arg(long, conflicts_with_all = ["layer", "input"], requires = "decisions")]
+        replay: Option<String>,
+        /// The decision log to find `--replay`'s record in (JSON lines, `[log] decisions`).
+        #[arg(long)]
+        decisions: Option<PathBuf>,
     },
+    /// Evaluate every decision of a log under a candidate policy directory and report what
+    /// flips (allow→deny, deny→allow): exit 0 when nothing flips, 1 when something does.
+    Replay(sandgate::cli::replay::ReplayArgs),
 }
 
 #[derive(Subcommand)]
@@ -312,34 +323,62 @@ fn policy_command(command: PolicyCommand, default_dir: &std::path::Path) -> anyh
                 1
             })
         }
-        PolicyCommand::Eval { layer, input, dir } => {
+        PolicyCommand::Eval {
+            replay: Some(id),
+            decisions,
+            dir,
+            ..
+        } => {
             let dir = dir.as_deref().unwrap_or(default_dir);
-            let text = if input.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin())?
-            } else {
-                std::fs::read_to_string(&input)
-                    .with_context(|| format!("reading {}", input.display()))?
+            let decisions = decisions.context("--replay needs --decisions FILE")?;
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            Ok(sandgate::cli::replay::eval_replay(
+                &id, &decisions, dir, &mut out, &mut err,
+            ))
+        }
+        PolicyCommand::Eval {
+            layer, input, dir, ..
+        } => {
+            let dir = dir.as_deref().unwrap_or(default_dir);
+            let (Some(layer), Some(input)) = (layer, input) else {
+                anyhow::bail!("--layer and --input are needed unless --replay is given");
             };
-            let value = regorus::Value::from_json_str(&text).context("the input is not JSON")?;
-            let engine = sandgate::policy::PolicyEngine::load(dir)?;
-            let layer: sandgate::policy::Layer = layer.parse()?;
-            let scopes = engine.scopes_for(layer.as_str(), &value);
-            let decision = engine.decide(layer, value);
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&serde_json::json!({
-                    "layer": layer,
-                    "allowed": decision.allowed,
-                    "reasons": decision.reasons,
-                    "action": decision.action,
-                    "scopes": scopes,
-                    "deny_scope": decision.deny_scope.as_deref(),
-                    "eval_us": decision.eval_time.as_micros() as u64,
-                }))?
-            );
-            Ok(if decision.allowed { 0 } else { 1 })
+            eval_input(&layer, &input, dir)
+        }
+        PolicyCommand::Replay(args) => {
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            Ok(sandgate::cli::replay::replay_against(
+                &args, &mut out, &mut err,
+            ))
         }
     }
+}
+
+/// `policy eval --layer L --input FILE`: one decision for a given input document.
+fn eval_input(layer: &str, input: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<i32> {
+    let text = if input.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?
+    };
+    let value = regorus::Value::from_json_str(&text).context("the input is not JSON")?;
+    let engine = sandgate::policy::PolicyEngine::load(dir)?;
+    let layer: sandgate::policy::Layer = layer.parse()?;
+    let scopes = engine.scopes_for(layer.as_str(), &value);
+    let decision = engine.decide(layer, value);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::json!({
+            "layer": layer,
+            "allowed": decision.allowed,
+            "reasons": decision.reasons,
+            "action": decision.action,
+            "scopes": scopes,
+            "deny_scope": decision.deny_scope.as_deref(),
+            "eval_us": decision.eval_time.as_micros() as u64,
+        }))?
+    );
+    Ok(if decision.allowed { 0 } else { 1 })
 }
 
 async fn rekey(config: &Config) -> anyhow::Result<i32> {

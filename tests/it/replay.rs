@@ -287,6 +287,35 @@ async fn logged_decisions_replay_exactly_and_a_candidate_deny_flips_only_its_own
         "{out}"
     );
 
+    // The same through the real binary: `policy replay` and `policy eval --replay`.
+    let bin = env!("CARGO_BIN_EXE_sandgate");
+    let replayed = std::process::Command::new(bin)
+        .args(["policy", "replay", "--json", "--decisions"])
+        .arg(&gw.decision_log)
+        .arg("--against")
+        .arg(&args.against)
+        .output()
+        .unwrap();
+    assert_eq!(replayed.status.code(), Some(1), "{replayed:?}");
+    let report: Value = serde_json::from_slice(&replayed.stdout).unwrap();
+    assert_eq!(report["flipped"], 20, "{report}");
+    let one = std::process::Command::new(bin)
+        .args(["policy", "eval", "--replay", expected[0], "--decisions"])
+        .arg(&gw.decision_log)
+        .arg("--dir")
+        .arg(&gw.policy_dir)
+        .output()
+        .unwrap();
+    assert_eq!(one.status.code(), Some(0), "{one:?}");
+    let flipped = std::process::Command::new(bin)
+        .args(["policy", "eval", "--replay", expected[0], "--decisions"])
+        .arg(&gw.decision_log)
+        .arg("--dir")
+        .arg(&args.against)
+        .output()
+        .unwrap();
+    assert_eq!(flipped.status.code(), Some(1), "{flipped:?}");
+
     // A tampered line is named; the command errs (2), it does not panic.
     let broken = candidates.path().join("broken.jsonl");
     let mut lines: Vec<&str> = text.lines().collect();
