@@ -173,6 +173,7 @@ async fn connect(
     // An IP literal is the address from the start, refused or not.
     outcome.ip = literal_ip;
     outcome.generation = decision.generation;
+    outcome.policy = decision.logged.clone();
     let mut resolved = None;
     if by_address::ask_again_with_addresses(&target.identity, literal_ip, &decision) {
         let ips = match state.resolver.resolve(&target.host, target.port).await {
@@ -182,6 +183,7 @@ async fn connect(
         decision = evaluate_connect(&state, &target, &ips);
         outcome.ip = Some(ips[0]);
         outcome.generation = decision.generation;
+        outcome.policy = decision.logged.clone();
         resolved = Some(ips);
     }
     if !decision.allowed {

@@ -27,8 +27,9 @@ pub(crate) struct Outcome {
     pub credentials: Vec<String>,
     pub credential_types: Vec<&'static str>,
     pub generation: u64,
-    /// The policy decision behind this outcome (see [`crate::decision_log::LoggedEval`]);
-    /// a connect-phase record fetches it from the engine instead ([`record`]).
+    /// The policy decision behind this outcome (see [`crate::decision_log::LoggedEval`]),
+    /// kept by the phase that asked, so a refusal made after an allow (a resolve or dial
+    /// failure) still says what policy answered.
     pub policy: Option<Arc<LoggedEval>>,
 }
 
@@ -96,14 +97,6 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
     if !state.log.enabled() {
         return;
     }
-    // The connect path keeps only the verdict; the engine kept the rest for this tunnel.
-    // Taken for every connect-phase record, so a refusal made after an allow (a dial the
-    // guard refused) still says what policy answered.
-    let policy = match outcome.policy {
-        Some(policy) => Some(policy),
-        None if outcome.phase == "connect" => state.policy.take_connect_eval(&target.sandbox),
-        None => None,
-    };
     state.log.record(DecisionRecord {
         ts: now_rfc3339(),
         kind: "egress",
@@ -124,7 +117,7 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
         credential_types: outcome.credential_types,
         policy_generation: outcome.generation,
         latency_us: latency.as_micros() as u64,
-        policy,
+        policy: outcome.policy,
     });
 }
 

@@ -254,12 +254,6 @@ pub struct PolicyEngine {
     next_generation: AtomicU64,
     /// Where decisions are logged, set once by the server (tools and tests run without).
     log: OnceLock<EngineLog>,
-    /// Connect-phase egress decisions waiting for the proxy's record, keyed by the identity
-    /// of the tunnel's `input.sandbox` value ([`sandbox_key`]): the connect path hands the
-    /// proxy's record only its verdict, so the record fetches the rest here
-    /// ([`PolicyEngine::take_connect_eval`]). Bounded: an entry whose record is never
-    /// written (a connection dropped mid-way) is evicted, never leaked.
-    connect_evals: quick_cache::sync::Cache<usize, Arc<LoggedEval>>,
 }
 
 struct EngineLog {
@@ -307,7 +301,6 @@ impl PolicyEngine {
             loaded_at: RwLock::new(SystemTime::now()),
             next_generation: AtomicU64::new(2),
             log: OnceLock::new(),
-            connect_evals: quick_cache::sync::Cache::new(4096),
         })
     }
 
@@ -333,13 +326,6 @@ impl PolicyEngine {
             .map(|l| &l.log)
     }
 
-    /// The connect-phase egress decision last made for the tunnel whose `input.sandbox` is
-    /// `sandbox`, once: what its decision record replays.
-    pub fn take_connect_eval(&self, sandbox: &Value) -> Option<Arc<LoggedEval>> {
-        let key = sandbox_key(sandbox)?;
-        self.connect_evals.remove(&key).map(|(_, v)| v)
-    }
-
     /// Hands a decision of a layer whose caller logs it what the caller's record needs.
     fn keep_for_caller(
         &self,
@@ -350,11 +336,6 @@ impl PolicyEngine {
     ) {
         let logged = Arc::new(logged_eval(log, layer, decision, input));
         decision.decision_id = Some(logged.decision_id.clone());
-        if layer == "egress" && input["phase"] == Value::from("connect") {
-            if let Some(key) = sandbox_key(&input["sandbox"]) {
-                self.connect_evals.insert(key, logged.clone());
-            }
-        }
         decision.logged = Some(logged);
     }
 
@@ -802,15 +783,6 @@ fn compose(
         deny_scope: if allowed { None } else { deny_scope },
         default_deny,
         logged: None,
-    }
-}
-
-/// Identifies a tunnel by its `input.sandbox` value, which the proxy builds once per tunnel
-/// and shares (reference-counted) with every input of that tunnel.
-fn sandbox_key(sandbox: &Value) -> Option<usize> {
-    match sandbox {
-        Value::Object(map) => Some(&**map as *const _ as *const () as usize),
-        _ => None,
     }
 }
 

@@ -19,19 +19,6 @@ use tokio::net::TcpStream;
 
 const SECRET: &str = "fuzz-secret-4f1e2d3c";
 
-async fn metric(gw: &Gateway, name: &str) -> f64 {
-    let text = reqwest::get(gw.api("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Reads until the end of a response head (or EOF / timeout); returns what was read.
 async fn read_head<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> Vec<u8> {
     let mut buf = Vec::new();
@@ -318,11 +305,11 @@ apply = {{ type = "basic", username = "u" }}
     }
 
     runtime.block_on(async {
-        assert_eq!(metric(&gw, "sandgate_proxy_panics_total").await, 0.0);
+        assert_eq!(gw.metric("sandgate_proxy_panics_total").await, 0.0);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let connections = metric(&gw, "sandgate_proxy_connections_active").await;
-            let tunnels = metric(&gw, "sandgate_proxy_tunnels_active").await;
+            let connections = gw.metric("sandgate_proxy_connections_active").await;
+            let tunnels = gw.metric("sandgate_proxy_tunnels_active").await;
             if connections == 0.0 && tunnels == 0.0 {
                 break;
             }

@@ -11,25 +11,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::*;
 
-async fn metric(gw: &Gateway, name: &str) -> f64 {
-    let text = reqwest::get(gw.api("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Polls until the gateway has parked `parks` bursts in all (a deadline, never a sleep the
 /// outcome depends on).
 async fn wait_parks(gw: &Gateway, parks: f64) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let seen = metric(gw, "sandgate_proxy_tunnel_parks_total").await;
+        let seen = gw.metric("sandgate_proxy_tunnel_parks_total").await;
         if seen >= parks {
             return;
         }
@@ -127,7 +114,7 @@ async fn a_parked_tunnel_serves_its_next_request_and_pipelined_ones() {
     tls.write_all(get("/first").as_bytes()).await.unwrap();
     assert_eq!(response(&mut tls).await.0, 200);
     wait_parks(&s.gw, 1.0).await;
-    assert_eq!(metric(&s.gw, "sandgate_proxy_tunnels_parked").await, 1.0);
+    assert_eq!(s.gw.metric("sandgate_proxy_tunnels_parked").await, 1.0);
 
     // The same connection, after the park: one request, then two written at once (the
     // second is past the byte that wakes the tunnel, in what hyper reads next).
@@ -223,6 +210,6 @@ async fn revoking_an_identity_ends_its_parked_tunnels_at_once() {
             "a parked tunnel was still open a second after its identity was revoked"
         );
     }
-    assert_eq!(metric(&s.gw, "sandgate_proxy_tunnels_parked").await, 0.0);
+    assert_eq!(s.gw.metric("sandgate_proxy_tunnels_parked").await, 0.0);
     s.gw.server.shutdown();
 }

@@ -687,6 +687,20 @@ impl Gateway {
     pub fn api(&self, path: &str) -> String {
         format!("http://{}{path}", self.server.api_addr())
     }
+
+    /// The sum of every series of metric `name` in this gateway's `/metrics` (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::get(self.api("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
 }
 
 /// Opens a CONNECT tunnel by hand and returns the raw stream after `200`, or the status
