@@ -64,6 +64,10 @@ struct Settings {
     scenarios: Vec<Scenario>,
     /// Seconds of load per proxy in the `soak` scenario.
     soak_secs: f64,
+    /// Keep-alive connections of the `soak` scenario (the issue's `-c 64`).
+    soak_conns: usize,
+    /// The sandgate configurations the `soak` scenario runs, in order.
+    soak_variants: Vec<SoakVariant>,
     /// Open tunnels at which the `idle-tunnels` scenario measures, ascending.
     tunnels: Vec<usize>,
     /// `idle-tunnels` variants: CONNECT + TLS only, and/or one request on each tunnel.
@@ -108,7 +112,9 @@ impl Settings {
                 }
             },
             scenarios: Scenario::from_env(),
-            soak_secs: env_or("SANDGATE_BENCH_SOAK_SECS", 150.0f64).max(10.0),
+            soak_secs: env_or("SANDGATE_BENCH_SOAK_SECS", 300.0f64).max(10.0),
+            soak_conns: env_or("SANDGATE_BENCH_SOAK_CONNS", 64usize).max(1),
+            soak_variants: SoakVariant::from_env(),
             tunnels: {
                 let list =
                     std::env::var("SANDGATE_BENCH_TUNNELS").unwrap_or_else(|_| "1000,10000".into());
@@ -549,6 +555,28 @@ fn start_sandgate(
     bin: &Path,
     proxy_extra: &str,
 ) -> (ChildGuard, SocketAddr, Vec<u8>) {
+    let started = start_sandgate_with(dir, origin_ca, layout, bin, proxy_extra, "off");
+    (started.guard, started.proxy, started.ca_pem)
+}
+
+/// A sandgate process started by [`start_sandgate_with`].
+struct StartedSandgate {
+    guard: ChildGuard,
+    proxy: SocketAddr,
+    api: SocketAddr,
+    ca_pem: Vec<u8>,
+}
+
+/// [`start_sandgate`] with its decision log sent to `decisions` (`off`, `stdout` or a file
+/// path; stdout goes to /dev/null here), and the API address as well.
+fn start_sandgate_with(
+    dir: &Path,
+    origin_ca: &Path,
+    layout: &Layout,
+    bin: &Path,
+    proxy_extra: &str,
+    decisions: &str,
+) -> StartedSandgate {
     let ca_dir = dir.join("sandgate-certs");
     // The bundled policies, plus one rule: the `bench-tunnel` identity's CONNECTs pass
     // opaquely (the ceiling route: the same hop without interception).
@@ -576,7 +604,7 @@ upstream_ca_files = [{origin_ca:?}]
 [policy]
 dir = {policy_dir:?}
 [log]
-decisions = "off"
+decisions = {decisions:?}
 level = "warn"
 [egress]
 allow_private = ["127.0.0.0/8"]
@@ -623,8 +651,9 @@ labels = {{ bench = "tunnel" }}
             let Ok(line) = line else { return };
             if let Some(rest) = line.split("proxy on http://").nth(1) {
                 if let Some(tx) = tx.take() {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                    let _ = tx.send(addr);
+                    let addr = |s: &str| s.split_whitespace().next().unwrap_or("").to_string();
+                    let api = line.split("API on http://").nth(1).map(addr);
+                    let _ = tx.send((addr(rest), api.unwrap_or_default()));
                     continue;
                 }
             }
@@ -632,12 +661,16 @@ labels = {{ bench = "tunnel" }}
             eprintln!("[sandgate] {line}");
         }
     });
-    let addr = rx
+    let (proxy, api) = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("sandgate did not report its proxy address");
-    let addr: SocketAddr = addr.parse().expect("proxy address");
     let ca_pem = std::fs::read(ca_dir.join("ca.pem")).expect("sandgate CA");
-    (guard, addr, ca_pem)
+    StartedSandgate {
+        guard,
+        proxy: proxy.parse().expect("proxy address"),
+        api: api.trim_end_matches(',').parse().expect("API address"),
+        ca_pem,
+    }
 }
 
 /// Starts squid (ssl-bump) with its config in `dir`; `extra_conf` is appended to it.
@@ -1228,9 +1261,10 @@ async fn new_connections(route: &Arc<Route>, s: &Settings) -> (Sample, Option<St
 // ---------------------------------------------------------------------------------------
 // Memory: a soak under keep-alive load, and idle intercepted tunnels (`soak`, `idle-tunnels`;
 // run only when named in SANDGATE_BENCH_SCENARIOS). Each starts proxies of its own, so what
-// they read is a fresh process's memory. Nothing here touches sandgate's API: its `/metrics`
-// is never scraped (a scrape drains the recorder's histogram samples, which would hide a
-// recorder that is never drained otherwise).
+// they read is a fresh process's memory. The soak runs sandgate twice: once with nothing
+// draining anything (decision log off, `/metrics` never scraped, so a recorder or queue that
+// grows until someone reads it shows), once with the log written and `/metrics` scraped (so
+// the writer's queue and the exposition's rendering are under load too).
 
 /// How often the soak samples the proxy's memory.
 const SOAK_EVERY: Duration = Duration::from_secs(10);
@@ -1332,16 +1366,87 @@ struct SoakRun {
     first_error: Option<String>,
     /// `SOAK_EVERY` after the load stopped and its connections closed.
     after: Option<Mem>,
+    /// `/metrics` scrapes made during the run and the last one's size, when scraped.
+    scrapes: Option<(u64, usize)>,
 }
 
-/// The keep-alive h1 client (`s.conns` connections, closed loop) for `s.soak_secs`, sampling
-/// the proxy's memory every `SOAK_EVERY`.
-async fn soak_run(route: &Route, s: &Settings) -> Result<SoakRun, BoxError> {
+/// How often the `logged` soak variant scrapes sandgate's `/metrics` (Prometheus' default
+/// interval is 15 s; 5 s scrapes more often than any real deployment would).
+const SCRAPE_EVERY: Duration = Duration::from_secs(5);
+
+/// One sandgate configuration the soak runs (`SANDGATE_BENCH_SOAK_VARIANTS`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SoakVariant {
+    /// Decision log off, `/metrics` never scraped: what grows per request with nothing
+    /// draining it shows here.
+    Quiet,
+    /// Decision log to a file (one record per request) and `/metrics` scraped every
+    /// [`SCRAPE_EVERY`]: the log writer's queue and the exposition's rendering under load.
+    Logged,
+}
+
+impl SoakVariant {
+    fn from_env() -> Vec<SoakVariant> {
+        let list =
+            std::env::var("SANDGATE_BENCH_SOAK_VARIANTS").unwrap_or_else(|_| "quiet,logged".into());
+        list.split(',')
+            .map(|v| match v.trim() {
+                "quiet" => SoakVariant::Quiet,
+                "logged" => SoakVariant::Logged,
+                other => panic!(
+                    "SANDGATE_BENCH_SOAK_VARIANTS: unknown variant {other:?} (expected quiet, logged)"
+                ),
+            })
+            .collect()
+    }
+
+    fn route_name(self) -> &'static str {
+        match self {
+            SoakVariant::Quiet => "sandgate",
+            SoakVariant::Logged => "sandgate+log",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            SoakVariant::Quiet => "decision log off, /metrics never scraped",
+            SoakVariant::Logged => "decision log to a file, /metrics scraped every 5 s",
+        }
+    }
+}
+
+/// Scrapes `http://{api}/metrics` every [`SCRAPE_EVERY`] until `end`; returns the number of
+/// scrapes and the size of the last exposition.
+async fn scrape_until(api: SocketAddr, end: Instant) -> (u64, usize) {
+    let (mut scrapes, mut last) = (0, 0);
+    while Instant::now() + SCRAPE_EVERY < end {
+        tokio::time::sleep(SCRAPE_EVERY).await;
+        let Ok(mut conn) = TcpStream::connect(api).await else {
+            continue;
+        };
+        let req = format!("GET /metrics HTTP/1.1\r\nHost: {api}\r\nConnection: close\r\n\r\n");
+        let mut body = Vec::new();
+        if conn.write_all(req.as_bytes()).await.is_ok() && conn.read_to_end(&mut body).await.is_ok()
+        {
+            scrapes += 1;
+            last = body.len();
+        }
+    }
+    (scrapes, last)
+}
+
+/// The keep-alive h1 client (`s.soak_conns` connections, closed loop) for `s.soak_secs`, sampling
+/// the proxy's memory every `SOAK_EVERY`; with `scrape`, `/metrics` is scraped meanwhile.
+async fn soak_run(
+    route: &Route,
+    s: &Settings,
+    scrape: Option<SocketAddr>,
+) -> Result<SoakRun, BoxError> {
     use std::sync::atomic::{AtomicU64, Ordering};
     let pid = route.pid().expect("the soak runs through a proxy");
     let target = Target::new(route);
     let mut senders = Vec::new();
-    for _ in 0..s.conns {
+    for _ in 0..s.soak_conns {
         senders.push(Sender::connect(route, false).await?);
     }
     let requests = Arc::new(AtomicU64::new(0));
@@ -1352,6 +1457,7 @@ async fn soak_run(route: &Route, s: &Settings) -> Result<SoakRun, BoxError> {
     }];
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(s.soak_secs);
+    let scraper = scrape.map(|api| tokio::spawn(scrape_until(api, end)));
     let workers: Vec<_> = senders
         .into_iter()
         .map(|mut sender| {
@@ -1386,7 +1492,7 @@ async fn soak_run(route: &Route, s: &Settings) -> Result<SoakRun, BoxError> {
             mem: mem(pid),
         };
         println!(
-            "  soak {:<8} t {:>4.0} s {:>12} requests  RSS {}",
+            "  soak {:<12} t {:>4.0} s {:>12} requests  RSS {}",
             route.name,
             point.secs,
             thousands(point.requests),
@@ -1403,10 +1509,14 @@ async fn soak_run(route: &Route, s: &Settings) -> Result<SoakRun, BoxError> {
         errors += out.errors;
         first_error = first_error.or(out.first_error);
     }
+    let scrapes = match scraper {
+        Some(task) => Some(task.await.expect("scraper panicked")),
+        None => None,
+    };
     tokio::time::sleep(SOAK_EVERY).await;
     let after = mem(pid);
     println!(
-        "  soak {:<8} {}s after the load stopped (connections closed): RSS {}",
+        "  soak {:<12} {}s after the load stopped (connections closed): RSS {}",
         route.name,
         SOAK_EVERY.as_secs(),
         fmt_mem(after)
@@ -1417,46 +1527,40 @@ async fn soak_run(route: &Route, s: &Settings) -> Result<SoakRun, BoxError> {
         errors,
         first_error,
         after,
+        scrapes,
     })
 }
 
-/// `soak`: sandgate, then squid, each fresh and alone on the proxy cores, under the same
-/// keep-alive h1 load; one table of their memory every `SOAK_EVERY`.
+/// `soak`: sandgate in each [`SoakVariant`], then squid, each fresh and alone on the proxy
+/// cores, under the same keep-alive h1 load; one table of their memory every `SOAK_EVERY`.
 async fn soak(s: &Settings, origin: SocketAddr, origin_ca: &Path) {
     println!();
     println!(
         "soak: keep-alive h1 ({} conns, closed loop) for {:.0} s per proxy, RSS every {} s \
-         (/proc/<pid>/status VmRSS, RssAnon); sandgate's /metrics is never scraped",
-        s.conns,
+         (/proc/<pid>/status VmRSS, RssAnon); sandgate variants: {}",
+        s.soak_conns,
         s.soak_secs,
-        SOAK_EVERY.as_secs()
+        SOAK_EVERY.as_secs(),
+        s.soak_variants
+            .iter()
+            .map(|v| format!("{} ({})", v.route_name(), v.describe()))
+            .collect::<Vec<_>>()
+            .join("; ")
     );
     let mut runs: Vec<(&'static str, SoakRun)> = Vec::new();
-    let dir = tempfile::tempdir().unwrap();
-    let (guard, addr, ca) = start_sandgate(dir.path(), origin_ca, &s.layout, &s.sandgate_bin, "");
-    let route = proxy_route(
-        "sandgate",
-        origin,
-        addr,
-        guard.pid(),
-        Some(basic("bench")),
-        &ca,
-    );
-    println!(
-        "sandgate pid {} ({})",
-        guard.pid(),
-        s.sandgate_bin.display()
-    );
-    let run = soak_run(&route, s).await.expect("soak through sandgate");
-    runs.push(("sandgate", run));
-    drop(guard);
+    for &variant in &s.soak_variants {
+        runs.push((
+            variant.route_name(),
+            soak_sandgate(s, variant, origin, origin_ca).await,
+        ));
+    }
     if s.peers {
         let dir = tempfile::tempdir().unwrap();
         match start_squid(dir.path(), origin_ca, &s.layout, "") {
             Ok((guard, addr, ca)) => {
                 let route = proxy_route("squid", origin, addr, guard.pid(), None, &ca);
                 println!("squid pid {} (ssl-bump; its main process)", guard.pid());
-                match soak_run(&route, s).await {
+                match soak_run(&route, s, None).await {
                     Ok(run) => runs.push(("squid", run)),
                     Err(e) => println!("squid skipped: {e}"),
                 }
@@ -1466,10 +1570,67 @@ async fn soak(s: &Settings, origin: SocketAddr, origin_ca: &Path) {
     } else {
         println!("squid skipped: SANDGATE_BENCH_PEERS=0");
     }
-
     println!();
+    print_soak_table(&runs);
+    println!();
+    for (name, run) in &runs {
+        print_soak_summary(name, run, s);
+    }
+}
+
+/// One soak through a fresh sandgate process configured as `variant`.
+async fn soak_sandgate(
+    s: &Settings,
+    variant: SoakVariant,
+    origin: SocketAddr,
+    origin_ca: &Path,
+) -> SoakRun {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("decisions.jsonl");
+    let decisions = match variant {
+        SoakVariant::Quiet => "off".to_string(),
+        SoakVariant::Logged => log.display().to_string(),
+    };
+    let sg = start_sandgate_with(
+        dir.path(),
+        origin_ca,
+        &s.layout,
+        &s.sandgate_bin,
+        "",
+        &decisions,
+    );
+    let name = variant.route_name();
+    let route = proxy_route(
+        name,
+        origin,
+        sg.proxy,
+        sg.guard.pid(),
+        Some(basic("bench")),
+        &sg.ca_pem,
+    );
+    println!(
+        "{name} pid {} ({}; {})",
+        sg.guard.pid(),
+        s.sandgate_bin.display(),
+        variant.describe()
+    );
+    let scrape = (variant == SoakVariant::Logged).then_some(sg.api);
+    let run = soak_run(&route, s, scrape)
+        .await
+        .expect("soak through sandgate");
+    if variant == SoakVariant::Logged {
+        let lines = std::fs::read(&log).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count());
+        println!(
+            "{name}: {} decision records written",
+            thousands(lines as u64)
+        );
+    }
+    run
+}
+
+fn print_soak_table(runs: &[(&'static str, SoakRun)]) {
     let mut header = vec!["t".to_string()];
-    for (name, _) in &runs {
+    for (name, _) in runs {
         header.push(format!("{name} requests"));
         header.push(format!("{name} RSS (anon)"));
     }
@@ -1480,7 +1641,7 @@ async fn soak(s: &Settings, origin: SocketAddr, origin_ca: &Path) {
             .iter()
             .find_map(|(_, r)| r.points.get(i).map(|p| p.secs));
         let mut row = vec![secs.map_or("-".into(), |t| format!("{t:.0} s"))];
-        for (_, run) in &runs {
+        for (_, run) in runs {
             match run.points.get(i) {
                 Some(p) => {
                     row.push(thousands(p.requests));
@@ -1492,64 +1653,80 @@ async fn soak(s: &Settings, origin: SocketAddr, origin_ca: &Path) {
         cells.push(row);
     }
     let mut after = vec![format!("+{} s idle", SOAK_EVERY.as_secs())];
-    for (_, run) in &runs {
+    for (_, run) in runs {
         after.push("(closed)".into());
         after.push(fmt_mem(run.after));
     }
     cells.push(after);
     print_grid(&cells);
-    println!();
-    for (name, run) in &runs {
-        let rss = |p: &SoakPoint| p.mem.map_or(0, |m| m.rss) as i64;
-        let (first, last) = (&run.points[0], &run.points[run.points.len() - 1]);
-        // From the first sample under load: the warm-up (buffers, pools, caches) excluded.
-        let warm = run.points.get(1).unwrap_or(first);
-        let per_request = |from: &SoakPoint| {
-            let n = run.requests.saturating_sub(from.requests).max(1);
-            (rss(last) - rss(from)) as f64 * 1024.0 / n as f64
-        };
-        // The least-squares slope of RSS over requests from the first sample under load on:
-        // a steady leak shows as a steady slope, the sawtooth of freeing and reuse does not.
-        let trend: Vec<(f64, f64)> = run.points[1..]
-            .iter()
-            .map(|p| (p.requests as f64, rss(p) as f64 * 1024.0))
-            .collect();
-        let slope = {
-            let n = trend.len() as f64;
-            let (mx, my) = (
-                trend.iter().map(|p| p.0).sum::<f64>() / n,
-                trend.iter().map(|p| p.1).sum::<f64>() / n,
-            );
-            let sxx: f64 = trend.iter().map(|p| (p.0 - mx).powi(2)).sum();
-            let sxy: f64 = trend.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-            if sxx > 0.0 {
-                sxy / sxx
-            } else {
-                f64::NAN
-            }
-        };
-        println!(
-            "  {name:<8} {} requests ({:.0} req/s), errors {}{}; RSS start {} end {}: growth {} = {:.1} B/request; \
-             from t={:.0} s: {} = {:.2} B/request, trend (least squares over the samples) {:.2} B/request; \
-             {} s after the load: {}",
-            thousands(run.requests),
-            run.requests as f64 / s.soak_secs,
-            run.errors,
-            run.first_error
-                .as_ref()
-                .map_or(String::new(), |e| format!(" (first: {e})")),
-            fmt_mib(rss(first) as u64),
-            fmt_mib(rss(last) as u64),
-            fmt_delta_mib(rss(last) - rss(first)),
-            per_request(first),
-            warm.secs,
-            fmt_delta_mib(rss(last) - rss(warm)),
-            per_request(warm),
-            slope,
-            SOAK_EVERY.as_secs(),
-            fmt_mem(run.after),
-        );
+}
+
+/// The least-squares slope of `points` (x, y).
+fn ls_slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    if sxx > 0.0 {
+        sxy / sxx
+    } else {
+        f64::NAN
     }
+}
+
+/// The soak's verdict for one proxy: growth per request, and the RSS slope in MiB per minute
+/// after the first minute (the issue's target: below 1 MiB/min).
+fn print_soak_summary(name: &str, run: &SoakRun, s: &Settings) {
+    let rss = |p: &SoakPoint| p.mem.map_or(0, |m| m.rss) as i64;
+    let (first, last) = (&run.points[0], &run.points[run.points.len() - 1]);
+    // From the first sample under load: the warm-up (buffers, pools, caches) excluded.
+    let warm = run.points.get(1).unwrap_or(first);
+    let per_request = |from: &SoakPoint| {
+        let n = run.requests.saturating_sub(from.requests).max(1);
+        (rss(last) - rss(from)) as f64 * 1024.0 / n as f64
+    };
+    // Least squares from the first sample under load on: a steady leak shows as a steady
+    // slope, the sawtooth of freeing and reuse does not.
+    let by_request: Vec<(f64, f64)> = run.points[1..]
+        .iter()
+        .map(|p| (p.requests as f64, rss(p) as f64 * 1024.0))
+        .collect();
+    let after_minute: Vec<(f64, f64)> = run
+        .points
+        .iter()
+        .filter(|p| p.secs >= 60.0)
+        .map(|p| (p.secs / 60.0, rss(p) as f64 / 1024.0))
+        .collect();
+    let per_minute = if after_minute.len() >= 2 {
+        format!("{:+.2} MiB/min", ls_slope(&after_minute))
+    } else {
+        "- (run under 70 s)".into()
+    };
+    let scrapes = run.scrapes.map_or(String::new(), |(n, bytes)| {
+        format!("; /metrics scraped {n} times (last {} KiB)", bytes / 1024)
+    });
+    println!(
+        "  {name:<12} {} requests ({:.0} req/s), errors {}{}; RSS start {} end {}: growth {} = {:.1} B/request; \
+         from t={:.0} s: {} = {:.2} B/request, trend {:.2} B/request; \
+         slope after the first minute (least squares) {per_minute}; {} s after the load: {}{scrapes}",
+        thousands(run.requests),
+        run.requests as f64 / s.soak_secs,
+        run.errors,
+        run.first_error
+            .as_ref()
+            .map_or(String::new(), |e| format!(" (first: {e})")),
+        fmt_mib(rss(first) as u64),
+        fmt_mib(rss(last) as u64),
+        fmt_delta_mib(rss(last) - rss(first)),
+        per_request(first),
+        warm.secs,
+        fmt_delta_mib(rss(last) - rss(warm)),
+        per_request(warm),
+        ls_slope(&by_request),
+        SOAK_EVERY.as_secs(),
+        fmt_mem(run.after),
+    );
 }
 
 /// What each `idle-tunnels` tunnel carries before it is left idle.
@@ -1559,18 +1736,23 @@ enum TunnelVariant {
     Handshake,
     /// The same, then one HTTP/1.1 request (so the proxy's upstream side exists too).
     Request,
+    /// `CONNECT` + TLS negotiating h2, then one request: an h2 connection keeps its state
+    /// (HPACK tables, settings, stream bookkeeping) while idle, so it cannot park like h1.
+    /// sandgate only: squid speaks HTTP/1.1 to clients when it bumps.
+    H2Request,
 }
 
 impl TunnelVariant {
     fn from_env() -> Vec<TunnelVariant> {
         let list = std::env::var("SANDGATE_BENCH_TUNNEL_VARIANTS")
-            .unwrap_or_else(|_| "handshake,request".into());
+            .unwrap_or_else(|_| "handshake,request,h2-request".into());
         list.split(',')
             .map(|v| match v.trim() {
                 "handshake" => TunnelVariant::Handshake,
                 "request" => TunnelVariant::Request,
+                "h2-request" => TunnelVariant::H2Request,
                 other => panic!(
-                    "SANDGATE_BENCH_TUNNEL_VARIANTS: unknown variant {other:?}; known: handshake,request"
+                    "SANDGATE_BENCH_TUNNEL_VARIANTS: unknown variant {other:?}; known: handshake,request,h2-request"
                 ),
             })
             .collect()
@@ -1580,6 +1762,7 @@ impl TunnelVariant {
         match self {
             TunnelVariant::Handshake => "CONNECT+TLS",
             TunnelVariant::Request => "CONNECT+TLS+1 request",
+            TunnelVariant::H2Request => "CONNECT+TLS(h2)+1 request",
         }
     }
 }
@@ -1597,8 +1780,9 @@ async fn open_held(route: Arc<Route>, variant: TunnelVariant) -> Result<Held, Bo
 async fn open_held_now(route: Arc<Route>, variant: TunnelVariant) -> Result<Held, BoxError> {
     match variant {
         TunnelVariant::Handshake => Ok(Box::new(open(&route, false).await?)),
-        TunnelVariant::Request => {
-            let mut sender = Sender::connect(&route, false).await?;
+        TunnelVariant::Request | TunnelVariant::H2Request => {
+            let h2 = variant == TunnelVariant::H2Request;
+            let mut sender = Sender::connect(&route, h2).await?;
             sender.get(&Target::new(&route)).await?;
             Ok(Box::new(sender))
         }
@@ -1813,7 +1997,7 @@ async fn idle_tunnels(s: &Settings, origin: SocketAddr, origin_ca: &Path) {
             idle_run(&route, variant, &s.tunnels).await,
         ));
         drop(guard);
-        if !s.peers {
+        if !s.peers || variant == TunnelVariant::H2Request {
             continue;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -42,8 +42,18 @@ deny contains msg if {
 	input.operation == "exec"
 	# The basename: split instead of regex.replace, which compiles its pattern on every
 	# evaluation (about 40x the cost of the rest of this layer, benches/policy.rs).
-	parts := split(input.exec.argv[0], "/")
+	some given in exec_programs
+	parts := split(given, "/")
 	program := parts[count(parts) - 1]
 	program in object.get(data.sandgate.workspaces, [input.workspace, "blocked_programs"], [])
 	msg := sprintf("program %s is blocked in workspace %s", [program, input.workspace])
 }
+
+# The program as given: `argv[0]`, or, in a logged record being replayed, the `argv0` the
+# decision log keeps in place of the argv (src/decision_log.rs `summarize_argv`), so that
+# `sandgate policy eval --replay` of a refused exec refuses it again. (Two rules rather than
+# `else`: written with `else`, the engine replayed a refused exec's record as allowed;
+# tests/it/replay_layers.rs catches it.)
+exec_programs contains p if p := input.exec.argv[0]
+
+exec_programs contains p if p := input.exec.argv0

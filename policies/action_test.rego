@@ -48,3 +48,9 @@ test_suspended_principal_denied_even_through_a_delegation if {
 	count(action.deny) == 0 with input as delegated
 		with data.sandgate.suspended_principals as ["bob"]
 }
+
+test_blocked_program_denied_on_a_logged_record if {
+	logged := object.union(object.remove(act("ws-a", [], "ws-a", "exec"), ["exec"]), {"exec": {"argv0": "/usr/bin/curl", "argc": 3, "argv_sha256": "00"}})
+	count(action.deny) == 1 with input as logged
+		with data.sandgate.workspaces as {"ws-a": {"blocked_programs": ["curl"]}}
+}

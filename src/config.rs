@@ -41,6 +41,8 @@ pub struct Config {
     pub policy: PolicyConfig,
     /// Diagnostic logs and the decision log.
     pub log: LogConfig,
+    /// OpenTelemetry export (traces over OTLP); off by default.
+    pub telemetry: crate::telemetry::TelemetryConfig,
     /// Durable state (credentials, sandboxes).
     pub store: StoreConfig,
     /// The master key that seals secrets at rest.
@@ -526,13 +528,13 @@ impl Config {
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
             let message = e.inner().message().to_string();
-            // An unknown key is reported by its parent's path; add the key itself.
-            let key = match unknown_field_name(&message) {
-                Some(field) if key == "." => field,
-                Some(field) => format!("{key}.{field}"),
-                None => key,
-            };
-            ConfigError::invalid(key, message)
+            match unknown_field_name(&message) {
+                Some(field) => ConfigError::invalid(
+                    unknown_key_path(&key, &field),
+                    with_suggestion(&field, &message),
+                ),
+                None => ConfigError::invalid(key, message),
+            }
         })?;
         config.validate()?;
         Ok(config)
@@ -603,6 +605,12 @@ impl Config {
             && self.log.decisions.trim().is_empty()
         {
             return Err(ConfigError::invalid("log.decisions", "must not be empty"));
+        }
+        if !(1..=1 << 20).contains(&self.log.decisions_queue) {
+            return Err(ConfigError::invalid(
+                "log.decisions_queue",
+                "must be between 1 and 1048576",
+            ));
         }
         if !["text", "json"].contains(&self.log.format.as_str()) {
             return Err(ConfigError::invalid(
@@ -929,6 +937,10 @@ impl Config {
         if self.local.capacity == 0 {
             return Err(ConfigError::invalid("local.capacity", "must be at least 1"));
         }
+        let (defaults, max) = self.local.limits();
+        if let Some(why) = defaults.exceeds(&max) {
+            return Err(ConfigError::invalid("local.defaults", &why));
+        }
         if self.local.dir == self.local.snapshot_dir {
             return Err(ConfigError::invalid(
                 "local.snapshot_dir",
@@ -983,6 +995,51 @@ impl Config {
 fn unknown_field_name(message: &str) -> Option<String> {
     let rest = message.strip_prefix("unknown field `")?;
     Some(rest.split('`').next()?.to_string())
+}
+
+/// The dotted path of an unknown key, named once: the path reported is sometimes its
+/// parent's (add the key) and sometimes already the key's own (keep it).
+fn unknown_key_path(path: &str, field: &str) -> String {
+    if path == "." || path.is_empty() {
+        return field.to_string();
+    }
+    if path == field || path.ends_with(&format!(".{field}")) {
+        return path.to_string();
+    }
+    format!("{path}.{field}")
+}
+
+/// serde's "unknown field `x`, expected one of `a`, `b`" with the closest known key
+/// suggested first: "unknown field `x`, did you mean `a`? expected one of ...".
+fn with_suggestion(field: &str, message: &str) -> String {
+    let known: Vec<&str> = message.split('`').skip(3).step_by(2).collect();
+    let Some(best) = closest(field, &known) else {
+        return message.to_string();
+    };
+    let rest = message
+        .split_once(", ")
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    format!("unknown field `{field}`, did you mean `{best}`? {rest}")
+}
+
+/// The known key nearest to `field` by edit distance, also comparing their `_`-separated
+/// words in sorted order (so `lisen_tls` finds `tls_listen`); none when nothing is close.
+fn closest<'a>(field: &str, known: &[&'a str]) -> Option<&'a str> {
+    let words = |s: &str| {
+        let mut w: Vec<&str> = s.split('_').collect();
+        w.sort_unstable();
+        w.join("_")
+    };
+    let distance = |k: &str| {
+        strsim::damerau_levenshtein(field, k)
+            .min(strsim::damerau_levenshtein(&words(field), &words(k)))
+    };
+    let (best, d) = known
+        .iter()
+        .map(|k| (*k, distance(k)))
+        .min_by_key(|(_, d)| *d)?;
+    (d <= (field.chars().count() / 3).max(1)).then_some(best)
 }
 
 #[cfg(test)]
@@ -1064,6 +1121,26 @@ mod tests {
         let err = Config::from_toml("[proxy]\nlistn = \"127.0.0.1:1\"\n").unwrap_err();
         let text = err.to_string();
         assert!(text.contains("proxy.listn"), "{text}");
+        assert!(text.contains("did you mean `listen`?"), "{text}");
+    }
+
+    /// The key path is named once (it was `proxy.lisen_tls.lisen_tls`), and a swap of its
+    /// words is still recognised; a key near nothing gets no suggestion.
+    #[test]
+    fn an_unknown_key_is_named_once_with_the_nearest_known_one() {
+        let text = Config::from_toml("[proxy]\nlisen_tls = \"127.0.0.1:1\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(text.starts_with("config key `proxy.lisen_tls`: unknown field `lisen_tls`, did you mean `tls_listen`? expected one of `listen`"), "{text}");
+        let text = Config::from_toml("janitor = 1\n").unwrap_err().to_string();
+        assert!(
+            text.starts_with("config key `janitor`: unknown field `janitor`, expected"),
+            "{text}"
+        );
+        let text = Config::from_toml("[create]\njanitor_intervl_ms = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("`create.janitor_intervl_ms`: unknown field `janitor_intervl_ms`, did you mean `janitor_interval_ms`?"), "{text}");
     }
 
     #[test]

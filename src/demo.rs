@@ -200,7 +200,7 @@ apply = {{ type = "header", name = "authorization", template = "Bearer {{secret}
     println!("   DELETE /v1/sandboxes/{id} -> {}", response.status());
     server.shutdown();
     drop(dir);
-    println!("\nDone. Next: `sandgate serve`, then README.md's API walkthrough.");
+    println!("\nDone. Next: `sandgate serve`, then the Quickstart at the top of README.md.");
     Ok(if injected { 0 } else { 1 })
 }
 

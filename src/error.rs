@@ -295,6 +295,12 @@ pub struct Details {
     pub reasons: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer: Option<Layer>,
+    /// The decision log record of the refusal (to find it with the platform team).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_id: Option<String>,
+    /// One line saying what happened and what to do about it, for an agent to act on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// The policy generation that decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
@@ -394,7 +400,7 @@ impl Attempts {
 }
 
 /// One create attempt as the API shows it (`GET /v1/sandboxes/{id}`'s `attempts`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AttemptRecord {
     pub id: String,
     pub seq: i64,
@@ -414,7 +420,7 @@ pub struct AttemptRecord {
 }
 
 /// One retry on an attempt's pool, as stored by `Store::set_attempt_retries`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RetryRecord {
     pub at_ms: i64,
     pub error_class: String,

@@ -13,6 +13,7 @@ pub mod config;
 pub mod create;
 pub mod credentials;
 pub mod decision_log;
+pub mod decision_ring;
 pub mod demo;
 pub mod domain;
 pub mod e2b;

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+use sandgate::cli::{output, GatewayArgs, OutputArgs};
 
 use sandgate::config::Config;
 use sandgate::server::Server;
@@ -52,20 +54,78 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create, show, list and delete sandboxes through a gateway's API (SANDGATE_URL,
-    /// SANDGATE_TOKEN).
+    /// Create, show, list, run commands in and delete sandboxes through a gateway's API.
     Sandbox {
         #[command(subcommand)]
         command: sandgate::cli::SandboxCommand,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+        #[command(flatten)]
+        output: OutputArgs,
     },
-    /// List every pool of a running gateway (SANDGATE_URL, SANDGATE_TOKEN): location,
-    /// isolation, egress, free capacity, measured latency and success, recent failures and
-    /// whether its account passed its last check.
+    /// List every pool of a running gateway: location, isolation, egress, free capacity,
+    /// measured latency and success, recent failures and whether its account passed its
+    /// last check.
+    ///
+    /// Examples:
+    ///   sandgate pools
+    ///   sandgate pools -o json | jq '.pools[].pool'
+    #[command(verbatim_doc_comment)]
     Pools {
-        /// Print the API's JSON instead of a table.
-        #[arg(long)]
+        /// The same as `-o json` (kept for scripts written before `-o`).
+        #[arg(long, hide = true)]
         json: bool,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+        #[command(flatten)]
+        output: OutputArgs,
     },
+    /// Store, list, show, rotate and delete a workspace's credentials: secrets sandboxes
+    /// use through the proxy without ever seeing them.
+    Credential {
+        #[command(subcommand)]
+        command: sandgate::cli::credential::CredentialCommand,
+        #[command(flatten)]
+        workspace: sandgate::cli::credential::WorkspaceArg,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Mint, list and revoke delegated capabilities: a token that lets an agent perform
+    /// some of your actions on one sandbox.
+    Delegation {
+        #[command(subcommand)]
+        command: sandgate::cli::delegation::DelegationCommand,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Check a configuration file without starting anything.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Print a shell completion script (bash and fish also complete sandbox ids from the
+    /// gateway).
+    ///
+    /// Examples:
+    ///   source <(sandgate completions bash)
+    ///   sandgate completions zsh > "${fpath[1]}/_sandgate"
+    ///   sandgate completions fish > ~/.config/fish/completions/sandgate.fish
+    #[command(verbatim_doc_comment)]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff).
+    ///
+    /// Example:
+    ///   sandgate man | man -l -
+    #[command(verbatim_doc_comment)]
+    Man,
     /// Explain routing on a configuration's pools and the measured context of its store (or
     /// of a running gateway with `--url`).
     Route {
@@ -86,8 +146,17 @@ enum Command {
     /// Show sandgate end to end in one command (no network, no account; needs root): a
     /// local sandbox, an allowed and a blocked HTTPS origin, an injected credential, and no
     /// route around the proxy.
+    ///
+    /// Example:
+    ///   sudo ./target/debug/sandgate demo
+    #[command(verbatim_doc_comment)]
     Demo,
     /// Run the gateway (egress proxy and API) on the embedded defaults or a config file.
+    ///
+    /// Examples:
+    ///   sandgate serve
+    ///   sandgate serve --config /etc/sandgate.toml --api-listen 0.0.0.0:7070
+    #[command(verbatim_doc_comment)]
     Serve {
         /// TOML configuration file; without it the embedded defaults apply.
         #[arg(long, short, env = "SANDGATE_CONFIG")]
@@ -99,8 +168,10 @@ enum Command {
         role: sandgate::config::Role,
         /// Serve the E2B-compatible API here (overrides `[e2b] listen`); point the E2B SDKs'
         /// `E2B_API_URL` and `E2B_SANDBOX_URL` at it.
-        #[arg(long, env = "SANDGATE_E2B_LISTEN")]
+        #[arg(long, env = "SANDGATE_E2B_LISTEN", value_name = "ADDR")]
         e2b_listen: Option<std::net::SocketAddr>,
+        #[command(flatten)]
+        listen: ListenArgs,
     },
     /// Manage the interception CA that sandboxes must trust.
     Ca {
@@ -118,6 +189,14 @@ enum Command {
         #[arg(long, short, env = "SANDGATE_CONFIG", global = true)]
         config: Option<PathBuf>,
     },
+    /// Print a running gateway's recent decisions, one line each (`-f` to follow new
+    /// ones); SANDGATE_URL, SANDGATE_TOKEN.
+    ///
+    /// Examples:
+    ///   sandgate logs --deny --since 10m
+    ///   sandgate logs -f --sandbox sb-0123
+    #[command(verbatim_doc_comment)]
+    Logs(sandgate::cli::logs::LogsArgs),
     /// Check, test and evaluate Rego policies.
     Policy {
         #[command(subcommand)]
@@ -128,14 +207,68 @@ enum Command {
     },
 }
 
+/// Where `serve` listens, over the configuration's addresses.
+#[derive(clap::Args)]
+struct ListenArgs {
+    /// The egress proxy's address (overrides `[proxy] listen`), e.g. 127.0.0.1:3128.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// The API's address (overrides `[api] listen`), e.g. 127.0.0.1:7070.
+    #[arg(long, value_name = "ADDR")]
+    api_listen: Option<std::net::SocketAddr>,
+    /// The proxy's TLS listener (overrides `[proxy] tls_listen`), e.g. 0.0.0.0:3129.
+    #[arg(long, value_name = "ADDR")]
+    tls_listen: Option<std::net::SocketAddr>,
+}
+
+impl ListenArgs {
+    fn apply(&self, config: &mut Config) {
+        if let Some(addr) = self.listen {
+            config.proxy.listen = addr;
+        }
+        if let Some(addr) = self.api_listen {
+            config.api.listen = addr;
+        }
+        if let Some(addr) = self.tls_listen {
+            config.proxy.tls_listen = Some(addr);
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Run every check `sandgate serve` makes at start that needs no store and no port:
+    /// keys and values (with "did you mean" for a misspelt key), the environment variables
+    /// the file names, the pools, the accounts, the policy directory. Exit 0 valid, 2 not.
+    ///
+    /// Examples:
+    ///   sandgate config check --config deploy/sandgate.example.toml
+    ///   SANDGATE_CONFIG=/etc/sandgate.toml sandgate config check
+    #[command(verbatim_doc_comment)]
+    Check {
+        /// The TOML configuration file [default: the embedded defaults].
+        #[arg(long, short, env = "SANDGATE_CONFIG", value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+}
+
 #[derive(Subcommand)]
 enum PolicyCommand {
     /// Parse and compile every policy and test file; exit 1 with file:line on error.
+    ///
+    /// Example:
+    ///   sandgate policy check examples/policies
+    #[command(verbatim_doc_comment)]
     Check {
         /// Policy directory (default: the config's `[policy] dir`).
         dir: Option<PathBuf>,
     },
     /// Run the `test_*` rules of `*_test.rego` files, like `opa test`.
+    ///
+    /// Examples:
+    ///   sandgate policy test policies
+    ///   sandgate policy test policies --run egress -v
+    #[command(verbatim_doc_comment)]
     Test {
         /// Policy directory (default: the config's `[policy] dir`).
         dir: Option<PathBuf>,
@@ -146,9 +279,14 @@ enum PolicyCommand {
         #[arg(long, short)]
         verbose: bool,
     },
-    /// Evaluate one layer's decision for an input document, or replay a logged decision
-    /// (`--replay ID --decisions FILE`: exit 0 when the answer is the recorded one, 1 when it
-    /// differs, 2 on error).
+    /// Evaluate one layer's decision for an input document (exit 0 allowed, 1 denied, 2 when
+    /// the input or the policy cannot be evaluated), or replay a logged decision (`--replay
+    /// ID --decisions FILE`: exit 0 when the answer is the recorded one, 1 when it differs,
+    /// 2 on error).
+    ///
+    /// Example:
+    ///   sandgate policy eval --layer egress --input request.json --dir policies
+    #[command(verbatim_doc_comment)]
     Eval {
         /// The layer (package `sandgate.<layer>`), e.g. egress or credential.
         #[arg(long, required_unless_present = "replay")]
@@ -168,7 +306,19 @@ enum PolicyCommand {
     },
     /// Evaluate every decision of a log under a candidate policy directory and report what
     /// flips (allow→deny, deny→allow): exit 0 when nothing flips, 1 when something does.
+    ///
+    /// Example:
+    ///   sandgate policy replay --decisions decisions.jsonl --against ./candidate-policies
+    #[command(verbatim_doc_comment)]
     Replay(sandgate::cli::replay::ReplayArgs),
+    /// Print the narrowest data entry or Rego rule that allows a refused egress decision
+    /// (host, port, method, path prefix, workspace), checked against the policy; nothing is
+    /// applied. Exit 0 the check allows, 1 it still refuses, 2 on error.
+    ///
+    /// Example:
+    ///   sandgate policy suggest 0b6f... --decisions decisions.jsonl --format rego
+    #[command(verbatim_doc_comment)]
+    Suggest(sandgate::cli::suggest::SuggestArgs),
 }
 
 #[derive(Subcommand)]
@@ -177,20 +327,36 @@ enum StoreCommand {
     /// under the current master key, opening them with it or an accepted key
     /// (`[secrets] accepted_key_files`, SANDGATE_ACCEPTED_MASTER_KEYS). Safe while the
     /// gateway serves; exits 1 when a value opens under none of the keys or changed meanwhile.
+    ///
+    /// Example:
+    ///   sandgate store rekey --config /etc/sandgate.toml
+    #[command(verbatim_doc_comment)]
     Rekey,
 }
 
 #[derive(Subcommand)]
 enum CaCommand {
     /// Generate the CA if it does not exist yet, and print where it is.
+    ///
+    /// Example:
+    ///   sandgate ca init --config /etc/sandgate.toml
+    #[command(verbatim_doc_comment)]
     Init,
     /// Print the CA certificate (PEM) for installing into trust stores.
+    ///
+    /// Example:
+    ///   sandgate ca show > sandgate-ca.pem
+    #[command(verbatim_doc_comment)]
     Show,
     /// Print the path of the CA certificate.
+    ///
+    /// Example:
+    ///   export SSL_CERT_FILE=$(sandgate ca path)
+    #[command(verbatim_doc_comment)]
     Path,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     // regorus reports undefined values through error objects it then discards; with
     // RUST_BACKTRACE=1 (set on many hosts) each one captures a backtrace, doubling policy
     // evaluation time. Library backtraces stay off unless asked for explicitly; panics
@@ -199,87 +365,194 @@ fn main() -> anyhow::Result<()> {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     let cli = Cli::parse();
+    let code = run(cli).unwrap_or_else(|e| {
+        // One shape for every error (sandgate::cli::output): an invalid configuration is a
+        // usage error (2), anything else a failure (1).
+        let (code, exit) = match invalid_config(&e) {
+            true => ("invalid_config", output::USAGE),
+            false => ("failed", output::FAILED),
+        };
+        eprint!(
+            "{}",
+            output::error_line(None, code, &format!("{e:#}"), &serde_json::Value::Null)
+        );
+        exit
+    });
+    std::process::exit(code);
+}
+
+/// Whether an error is the configuration's (a usage error, exit 2): an invalid file, a
+/// token's unset environment variable, pools that do not compile.
+fn invalid_config(e: &anyhow::Error) -> bool {
+    use sandgate::server::StartError;
+    e.chain().any(|c| {
+        c.is::<sandgate::config::ConfigError>()
+            || matches!(
+                c.downcast_ref::<StartError>(),
+                Some(
+                    StartError::Auth(_)
+                        | StartError::Routing(_)
+                        | StartError::Facade(_)
+                        | StartError::Credential(
+                            sandgate::credentials::CredentialError::SecretSource { .. }
+                        )
+                )
+            )
+    })
+}
+
+/// Runs a command; its exit code (see `sandgate::cli::output`).
+fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Sandbox { command } => std::process::exit(sandgate::cli::sandbox(command)?),
-        Command::Pools { json } => std::process::exit(sandgate::cli::pools(json)?),
+        Command::Sandbox {
+            command,
+            gateway,
+            output,
+        } => Ok(sandgate::cli::sandbox(command, &gateway, &output)),
+        Command::Pools {
+            json,
+            gateway,
+            output,
+        } => Ok(sandgate::cli::pools(&gateway, &output, json)),
+        Command::Credential {
+            command,
+            workspace,
+            gateway,
+            output,
+        } => Ok(sandgate::cli::credential::credential(
+            command, &workspace, &gateway, &output,
+        )),
+        Command::Delegation {
+            command,
+            gateway,
+            output,
+        } => Ok(sandgate::cli::delegation::delegation(
+            command, &gateway, &output,
+        )),
+        Command::Config {
+            command: ConfigCommand::Check { config },
+        } => Ok(config_check(config.as_deref())),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "sandgate", &mut script);
+            script.extend(sandgate::cli::completions::dynamic_ids(shell).into_bytes());
+            emit(&script)
+        }
+        Command::Man => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+            emit(&page)
+        }
+        Command::Logs(args) => {
+            Ok(sandgate::cli::logs::logs(&args).unwrap_or_else(|e| e.report(args.error_format())))
+        }
         Command::Route { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
-            std::process::exit(sandgate::cli::route(command, &config)?)
+            Ok(sandgate::cli::route(command, &config))
         }
         Command::Provider { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
-            std::process::exit(sandgate::cli::provider(command, &config)?)
+            Ok(sandgate::cli::provider(command, &config)?)
         }
         Command::Policy { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
-            let code = policy_command(command, &config.policy.dir)?;
-            std::process::exit(code);
+            policy_command(command, &config.policy.dir)
         }
         Command::Demo => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            let code = runtime.block_on(sandgate::demo::run())?;
-            std::process::exit(code);
+            let code = runtime()?.block_on(sandgate::demo::run())?;
+            Ok(code)
         }
         Command::Serve {
             config,
             role,
             e2b_listen,
+            listen,
         } => {
             let mut config = Config::load(config.as_deref()).context("invalid configuration")?;
             config.role = role;
             if e2b_listen.is_some() {
                 config.e2b.listen = e2b_listen;
             }
-            sandgate::telemetry::init_logging(&config.log);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            runtime.block_on(serve(config))
+            listen.apply(&mut config);
+            let traces = sandgate::telemetry::init(&config.log, &config.telemetry)?;
+            let served = runtime()?.block_on(serve(config));
+            // After the server stopped (SIGTERM): its last spans are flushed, not lost.
+            traces.shutdown();
+            served.map(|()| output::OK)
         }
         Command::Store { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            let code = match command {
-                StoreCommand::Rekey => runtime.block_on(rekey(&config))?,
-            };
-            std::process::exit(code);
+            match command {
+                StoreCommand::Rekey => runtime()?.block_on(rekey(&config)),
+            }
         }
         Command::Ca { command, config } => {
             let config = Config::load(config.as_deref()).context("invalid configuration")?;
-            let dir = &config.tls.ca_dir;
-            match command {
-                CaCommand::Init => {
-                    let (ca, origin) = CertAuthority::load_or_generate(dir)?;
-                    let verb = if origin == CaOrigin::Generated {
-                        "generated"
-                    } else {
-                        "already present"
-                    };
-                    println!("{} ({verb})", ca.cert_path().display());
-                }
-                CaCommand::Show => {
-                    let ca = CertAuthority::load(dir).with_context(|| {
-                        format!("no CA in {}; run `sandgate ca init`", dir.display())
-                    })?;
-                    print!("{}", ca.cert_pem());
-                }
-                CaCommand::Path => {
-                    let ca = CertAuthority::load(dir).with_context(|| {
-                        format!("no CA in {}; run `sandgate ca init`", dir.display())
-                    })?;
-                    println!("{}", ca.cert_path().display());
-                }
-            }
-            Ok(())
+            ca_command(command, &config.tls.ca_dir)?;
+            Ok(output::OK)
         }
     }
+}
+
+/// Writes a generated document to stdout; a reader that stopped early (`| head`) is no
+/// error.
+fn emit(bytes: &[u8]) -> anyhow::Result<i32> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(output::OK),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// `sandgate config check`: notes on stdout, or the error on stderr and exit 2.
+fn config_check(path: Option<&std::path::Path>) -> i32 {
+    let checked = runtime().map_err(|e| e.to_string()).and_then(|rt| {
+        rt.block_on(async { sandgate::cli::config_check::check(path) })
+            .map_err(|e| e.to_string())
+    });
+    match checked {
+        Ok(notes) => {
+            for note in notes {
+                println!("{note}");
+            }
+            output::OK
+        }
+        Err(message) => {
+            let line =
+                output::error_line(None, "invalid_config", &message, &serde_json::Value::Null);
+            eprint!("{line}");
+            output::USAGE
+        }
+    }
+}
+
+fn ca_command(command: CaCommand, dir: &std::path::Path) -> anyhow::Result<()> {
+    let load = || {
+        CertAuthority::load(dir)
+            .with_context(|| format!("no CA in {}; run `sandgate ca init`", dir.display()))
+    };
+    match command {
+        CaCommand::Init => {
+            let (ca, origin) = CertAuthority::load_or_generate(dir)?;
+            let verb = if origin == CaOrigin::Generated {
+                "generated"
+            } else {
+                "already present"
+            };
+            println!("{} ({verb})", ca.cert_path().display());
+        }
+        CaCommand::Show => print!("{}", load()?.cert_pem()),
+        CaCommand::Path => println!("{}", load()?.cert_path().display()),
+    }
+    Ok(())
 }
 
 fn policy_command(command: PolicyCommand, default_dir: &std::path::Path) -> anyhow::Result<i32> {
@@ -343,7 +616,26 @@ fn policy_command(command: PolicyCommand, default_dir: &std::path::Path) -> anyh
             let (Some(layer), Some(input)) = (layer, input) else {
                 anyhow::bail!("--layer and --input are needed unless --replay is given");
             };
-            eval_input(&layer, &input, dir)
+            // A denial is 1; an input or policy that cannot be evaluated is 2.
+            Ok(eval_input(&layer, &input, dir).unwrap_or_else(|e| {
+                eprint!(
+                    "{}",
+                    output::error_line(
+                        None,
+                        "eval_failed",
+                        &format!("{e:#}"),
+                        &serde_json::Value::Null
+                    )
+                );
+                output::USAGE
+            }))
+        }
+        PolicyCommand::Suggest(args) => {
+            let dir = args.dir.as_deref().unwrap_or(default_dir);
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            Ok(sandgate::cli::suggest::suggest(
+                &args, dir, &mut out, &mut err,
+            ))
         }
         PolicyCommand::Replay(args) => {
             let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
@@ -471,4 +763,43 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+#[cfg(test)]
+mod help_tests {
+    use clap::CommandFactory;
+
+    /// Every command of the tree with its path (`sandgate sandbox get`).
+    fn walk(cmd: &clap::Command, path: String, out: &mut Vec<(String, clap::Command)>) {
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            walk(sub, format!("{path} {}", sub.get_name()), out);
+        }
+        out.push((path, cmd.clone()));
+    }
+
+    /// `--help` teaches: every argument says what it is, and every command that does
+    /// something (a leaf) shows an example.
+    #[test]
+    fn every_argument_is_described_and_every_command_has_an_example() {
+        let mut commands = Vec::new();
+        walk(&super::Cli::command(), "sandgate".into(), &mut commands);
+        let mut missing = Vec::new();
+        for (path, cmd) in &commands {
+            for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" && arg.get_help().is_none() {
+                    missing.push(format!("{path}: <{id}> has no description"));
+                }
+            }
+            let leaf = cmd.get_subcommands().next().is_none();
+            let about = cmd
+                .get_long_about()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            if leaf && !about.contains("Example") {
+                missing.push(format!("{path}: no example"));
+            }
+        }
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
 }

@@ -95,11 +95,12 @@ impl std::fmt::Debug for ExecStream {
     }
 }
 
-/// One directory entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One directory entry (`GET /v1/sandboxes/{id}/files` lists these).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct SandboxEntry {
     pub name: String,
     /// `file`, `dir`, `symlink` or `other`.
+    #[schema(value_type = String)]
     pub kind: &'static str,
     pub size: u64,
     pub mode: u32,
@@ -164,6 +165,9 @@ pub enum OpErrorKind {
     Unsupported,
     /// The provider failed.
     Provider,
+    /// The provider did not answer within the adapter's timeout (whether it applied the
+    /// operation is unknown).
+    TimedOut,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -196,6 +200,7 @@ impl OpError {
             OpErrorKind::Conflict => "sandbox_state",
             OpErrorKind::Unsupported => "unsupported",
             OpErrorKind::Provider => "provider_error",
+            OpErrorKind::TimedOut => "upstream_timeout",
         }
     }
 }

@@ -66,6 +66,8 @@ pub enum StartError {
     #[error("decision log: {0}")]
     DecisionLog(std::io::Error),
     #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::OtlpError),
+    #[error(transparent)]
     ProxyTls(#[from] crate::egress::ListenerCertError),
     #[error("starting the proxy worker threads: {0}")]
     ProxyWorkers(std::io::Error),
@@ -131,12 +133,22 @@ pub struct Server {
     /// stop removes it at once (see [`Server::stop`]).
     replica: Arc<crate::replicas::Replica>,
     store: Store,
+    /// Closed by a graceful stop, so the records exported over OTLP are not lost with the
+    /// process.
+    log: DecisionLog,
 }
 
 impl Server {
     pub async fn start(config: Config) -> Result<Server, StartError> {
+        // A token whose environment variable is unset is a configuration error: said before
+        // anything (CA, store) is created (the full auth is built further down).
+        if !config.api.tokens.is_empty() {
+            crate::callers::ApiAuth::from_config(&config.api.tokens)?;
+        }
         crate::tls::install_default_provider();
         let metrics = crate::telemetry::metrics_handle();
+        // HELP lines and the series known up front, at zero, before any traffic.
+        crate::telemetry::catalog::register();
 
         let (ca, origin) = CertAuthority::load_or_generate(&config.tls.ca_dir)?;
         match origin {
@@ -226,9 +238,11 @@ impl Server {
         ));
         let proxy_tls = crate::egress::tls_server_config(&config.proxy, &minter)?;
         let upstream_tls = crate::tls::upstream_client_config(&config.tls.upstream_ca_files)?;
-        let log = DecisionLog::start(Sink::parse(&config.log.decisions))
-            .map_err(StartError::DecisionLog)?
-            .with_full_argv(config.log.full_argv);
+        let ring = crate::decision_ring::DecisionRing::new(crate::decision_ring::RingLimits {
+            max_records: config.log.decisions_ring,
+            max_bytes: config.log.decisions_ring_bytes,
+        });
+        let log = decision_log(&config, ring.clone())?;
         // Every layer's decisions go to the same log; egress is written by the proxy itself.
         policy.set_decision_log(log.clone(), &["egress"]);
         credentials.enable_minting(token_client(&resolver, &upstream_tls)?);
@@ -240,7 +254,7 @@ impl Server {
                 resolver,
                 minter,
                 credentials: credentials.clone(),
-                log,
+                log: log.clone(),
             },
             upstream_tls.clone(),
         )?);
@@ -377,6 +391,10 @@ impl Server {
             execs: Default::default(),
             role: config.role,
             replica: replica.clone(),
+            decisions: crate::api::decisions::Decisions::new(
+                ring,
+                config.log.decisions_streams_max,
+            ),
         };
         let limits = crate::api::listener::Limits {
             max_connections: config.api.max_connections,
@@ -426,6 +444,7 @@ impl Server {
             tasks,
             replica,
             store,
+            log,
         })
     }
 
@@ -469,8 +488,11 @@ impl Server {
     /// once instead of ~20 s later. The heartbeat task is aborted first, so it cannot write
     /// the row back. The delete is bounded: a store that is down must not hold the exit.
     pub async fn stop(self) {
-        let (replica, store) = (self.replica.clone(), self.store.clone());
+        let (replica, store, log) = (self.replica.clone(), self.store.clone(), self.log.clone());
         self.shutdown();
+        // After the proxy stopped, so the last requests' records are in; bounded, since a
+        // collector that is down must not hold the exit either.
+        log.close(Duration::from_secs(6)).await;
         match tokio::time::timeout(Duration::from_secs(3), replica.leave(&store)).await {
             Ok(Ok(())) => tracing::info!(replica = %replica.id, "left the replica list"),
             Ok(Err(e)) => {
@@ -481,6 +503,23 @@ impl Server {
             }
         }
     }
+}
+
+/// The decision log: to `[log] decisions`, the ring, and the collector when
+/// `[telemetry] otlp_logs` is on.
+fn decision_log(
+    config: &Config,
+    ring: Option<Arc<crate::decision_ring::DecisionRing>>,
+) -> Result<DecisionLog, StartError> {
+    let export = crate::telemetry::DecisionExport::start(&config.telemetry)?;
+    Ok(DecisionLog::start_with(
+        Sink::parse(&config.log.decisions),
+        ring,
+        export,
+        config.log.decisions_queue,
+    )
+    .map_err(StartError::DecisionLog)?
+    .with_full_argv(config.log.full_argv))
 }
 
 /// `[[api.tokens]]`, or on the embedded defaults a generated local admin token.
@@ -626,20 +665,51 @@ pub fn routing_topology(
     });
     if let (Some(Ok(runtime)), true) = (&local, config.uses_default_topology()) {
         let caps = runtime.capabilities();
-        let resources = &mut router_config.pools[0].resources;
+        let (_, max) = config.local.limits();
+        let pool = &mut router_config.pools[0];
+        let resources = &mut pool.resources;
         if caps.cpu_limit {
             resources.cpu = std::thread::available_parallelism()
                 .ok()
-                .map(|n| n.get() as f64);
+                .map(|n| (n.get() as f64).min(max.cpu));
         }
         if caps.memory_limit {
-            resources.memory_mb = host_memory_mb();
+            resources.memory_mb = host_memory_mb().map(|mb| mb.min(max.memory_mb));
         }
+        if caps.disk_limit {
+            resources.disk_gb = Some(max.disk_mb / 1024).filter(|gb| *gb > 0);
+        }
+        // Declared, not hidden: sandboxes here run without these limits.
+        let unenforced = crate::providers::local_limits::unenforced(&caps);
+        if !unenforced.is_empty() {
+            pool.labels
+                .insert("sandgate.unenforced_limits".into(), unenforced.join(","));
+        }
+        // Declared on the pool's isolation mode, where `GET /v1/pools` shows it and a create
+        // may require it (`features.isolation: {"kind": "namespace", "seccomp": "enforced"}`).
+        let seccomp = if caps.seccomp {
+            "enforced"
+        } else {
+            "unenforced"
+        };
+        pool.isolation = Some(vec![
+            sandgate_router::IsolationMode::kind("namespace").with("seccomp", seccomp)
+        ]);
     }
     let topology = router_config
         .compile()
         .map_err(|e| StartError::Routing(e.to_string()))?;
     Ok((topology, local))
+}
+
+/// The pools' topology as the configuration declares it, without looking at this
+/// machine (no local runtime, so no cgroup or namespace is touched): what `sandgate config
+/// check` validates. `serve` compiles the same pools through [`routing_topology`].
+pub fn declared_topology(config: &Config) -> Result<sandgate_router::Topology, StartError> {
+    config
+        .router_config()
+        .compile()
+        .map_err(|e| StartError::Routing(e.to_string()))
 }
 
 /// The client sandgate reaches token endpoints (OAuth2, GitHub) with: the upstream trust

@@ -13,7 +13,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::json;
 
 use super::auth::Caller;
 use super::body::JsonBody;
@@ -29,6 +28,12 @@ pub fn routes() -> Router<ApiState> {
             "/v1/workspaces/{ws}/credentials/{name}",
             get(read).put(replace).delete(remove),
         )
+}
+
+/// A workspace's credentials (metadata only).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct CredentialList {
+    credentials: Vec<CredentialMeta>,
 }
 
 /// A credential as created or replaced (`name` comes from the path on replace).
@@ -192,7 +197,7 @@ fn error_reply(e: CredentialError) -> Error {
     tag = "credentials",
     params(("ws" = String, Path, description = "Workspace")),
     responses(
-        (status = 200, description = "{credentials: [{workspace, name, destinations, apply, placeholder_env, version, ...}]}", body = Object),
+        (status = 200, description = "{credentials: [{workspace, name, destinations, apply, placeholder_env, ...}]}", body = CredentialList),
         (status = 403, description = "forbidden: not your workspace")
     ),
     security(("bearer" = []))
@@ -205,7 +210,10 @@ pub(crate) async fn list(
     if !caller.may_manage(&ws) {
         return forbidden(&ws).into_response();
     }
-    Json(json!({"credentials": state.ops.credentials.list(&ws)})).into_response()
+    Json(CredentialList {
+        credentials: state.ops.credentials.list(&ws),
+    })
+    .into_response()
 }
 
 /// One credential's metadata (never its secret).
@@ -214,7 +222,7 @@ pub(crate) async fn list(
     path = "/v1/workspaces/{ws}/credentials/{name}",
     tag = "credentials",
     params(("ws" = String, Path, description = "Workspace"), ("name" = String, Path, description = "Credential name")),
-    responses((status = 200, description = "The credential's metadata, version and type; for a minted one (oauth2, github_app) also `token: {expires_at, last_refresh_at, last_refresh_outcome, last_refresh_error, ended, refreshes}` (never the token)", body = Object), (status = 404, description = "not_found")),
+    responses((status = 200, description = "The credential's metadata, version and type; for a minted one (oauth2, github_app) also `token: {expires_at, last_refresh_at, last_refresh_outcome, last_refresh_error, ended, refreshes}` (never the token)", body = crate::credentials::CredentialView), (status = 404, description = "not_found")),
     security(("bearer" = []))
 )]
 pub(crate) async fn read(
@@ -243,7 +251,7 @@ pub(crate) async fn read(
     params(("ws" = String, Path, description = "Workspace")),
     request_body(content = CredentialBody, description = "The credential, with its secret"),
     responses(
-        (status = 201, description = "The stored credential's metadata", body = Object),
+        (status = 201, description = "The stored credential's metadata", body = CredentialMeta),
         (status = 400, description = "invalid_request, naming the field"),
         (status = 409, description = "already_exists")
     ),
@@ -297,7 +305,7 @@ pub(crate) async fn create(
     tag = "credentials",
     params(("ws" = String, Path, description = "Workspace"), ("name" = String, Path, description = "Credential name")),
     request_body(content = CredentialBody, description = "The credential, as for create"),
-    responses((status = 200, description = "The stored credential's metadata", body = Object), (status = 404, description = "not_found")),
+    responses((status = 200, description = "The stored credential's metadata", body = CredentialMeta), (status = 404, description = "not_found")),
     security(("bearer" = []))
 )]
 pub(crate) async fn replace(

@@ -24,8 +24,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
 use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use super::auth::Caller;
 use super::body::JsonBody;
@@ -56,6 +55,21 @@ pub struct MintBody {
     ttl_secs: Option<u64>,
 }
 
+/// The answer to a mint: the delegation and its token, shown only here.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = MintedDelegation)]
+pub struct Minted {
+    pub delegation: DelegationRow,
+    /// The bearer token an agent uses (`sgd_...`); shown once.
+    pub token: String,
+}
+
+/// A sandbox's delegations (never their tokens).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct DelegationList {
+    pub delegations: Vec<DelegationRow>,
+}
+
 /// Mint a delegated capability for one sandbox.
 #[utoipa::path(
     post,
@@ -64,7 +78,7 @@ pub struct MintBody {
     params(("id" = String, Path, description = "Sandbox id")),
     request_body(content = MintBody, content_type = "application/json"),
     responses(
-        (status = 201, description = "{delegation, token}: the token is shown only here", body = Object),
+        (status = 201, description = "{delegation, token}: the token is shown only here", body = Minted),
         (status = 400, description = "invalid_request"),
         (status = 403, description = "policy_denied: the delegator may not perform one of the actions itself"),
         (status = 404, description = "not_found"),
@@ -134,7 +148,10 @@ pub async fn mint(
     tracing::info!(sandbox = %id, delegation = %row.id, agent = %row.agent, actions = ?row.actions, principal = %caller.principal, "delegation minted");
     (
         StatusCode::CREATED,
-        Json(json!({"delegation": row, "token": token})),
+        Json(Minted {
+            delegation: row,
+            token,
+        }),
     )
         .into_response()
 }
@@ -145,7 +162,7 @@ pub async fn mint(
     path = "/v1/sandboxes/{id}/delegations",
     tag = "delegations",
     params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 200, description = "{delegations: [...]}", body = Object)),
+    responses((status = 200, description = "{delegations: [...]}", body = DelegationList)),
     security(("bearer" = []))
 )]
 pub async fn list(
@@ -166,7 +183,7 @@ pub async fn list(
         Err(e) => return e.into_response(),
     }
     match state.ops.sandboxes.store().list_delegations(&id).await {
-        Ok(rows) => Json(json!({"delegations": rows})).into_response(),
+        Ok(rows) => Json(DelegationList { delegations: rows }).into_response(),
         Err(e) => crate::create::internal(e).into_response(),
     }
 }

@@ -5,7 +5,9 @@
 //! by any replica, and a client that connects late or reconnects (`Last-Event-ID`) still
 //! gets every attempt in order. It ends after `done`, or after `[create]
 //! event_stream_max_secs` (a stream on a stuck create must not live forever; the client
-//! resumes with `Last-Event-ID`). At most `[create] event_streams_max` streams are open at
+//! resumes with `Last-Event-ID`). With `?limits=true` the stream goes on after `done` with
+//! the `limit_reached` events of the sandbox's instance (a local sandbox's memory, process and
+//! disk limits), read from its provider every poll, until the sandbox is deleted or fails. At most `[create] event_streams_max` streams are open at
 //! once; beyond it the answer is 429 `rate_limited` with `Retry-After`, because each open
 //! stream costs two store reads per poll.
 
@@ -24,7 +26,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::auth::Caller;
-use super::extract::Path;
+use super::extract::{Path, Query};
 use super::ApiState;
 use crate::create::events::{next_events, Cursor, ProgressEvent, POLL_INTERVAL};
 use crate::create::Coordinator;
@@ -76,12 +78,30 @@ fn rate_limited(max: usize) -> Response {
     .into_response()
 }
 
-/// The cursor `Last-Event-ID` names (none: from the start).
-fn resume_from(headers: &HeaderMap) -> Result<Cursor, Error> {
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Also follow the sandbox's `limit_reached` events, after `done`.
+    #[serde(default)]
+    limits: bool,
+}
+
+impl super::extract::QueryParams for EventsQuery {
+    const PARAMS: &'static str = "limits (true or false)";
+}
+
+/// The cursor `Last-Event-ID` names (none: from the start), and the `seq` of the last
+/// `limit_reached` event it names (0 for a progress event's id: `<cursor>` alone; a limit
+/// event's is `<cursor>.<seq>`).
+fn resume_from(headers: &HeaderMap) -> Result<(Cursor, u64), Error> {
     let Some(value) = headers.get("last-event-id") else {
-        return Ok(Cursor::default());
+        return Ok((Cursor::default(), 0));
     };
-    value.to_str().ok().and_then(Cursor::decode).ok_or_else(|| {
+    let parse = |id: &str| match id.split_once('.') {
+        Some((cursor, seq)) => Some((Cursor::decode(cursor)?, seq.parse().ok()?)),
+        None => Some((Cursor::decode(id)?, 0)),
+    };
+    value.to_str().ok().and_then(parse).ok_or_else(|| {
         Error::new(
             Kind::Invalid,
             "invalid_request",
@@ -99,6 +119,7 @@ fn resume_from(headers: &HeaderMap) -> Result<Cursor, Error> {
     params(
         ("id" = String, Path, description = "Sandbox id"),
         ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event received: the stream resumes right after it (what an EventSource sends on reconnect)"),
+        ("limits" = Option<bool>, Query, description = "Also follow the sandbox's limits: after `done` the stream stays open and carries `limit_reached` {type, seq, limit (memory, pids, disk), message, at_ms} each time the sandbox meets a limit its provider enforces (local sandboxes), the ones already met first; their ids are `<done id>.<seq>`. It ends when the sandbox is deleted or fails, or after [create] event_stream_max_secs"),
     ),
     responses(
         (status = 200, content_type = "text/event-stream", body = String, description = "Server-sent events derived from the sandbox's durable record, each with an `id:` that grows along the stream (hand the last one back as Last-Event-ID to resume), and keep-alive comments. Event types (`event:`) and their JSON `data:`: \
@@ -121,9 +142,10 @@ pub async fn events(
     Extension(slots): Extension<Arc<StreamSlots>>,
     Caller(caller): Caller,
     Path(id): Path<String>,
+    Query(query): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let cursor = match resume_from(&headers) {
+    let (cursor, limit_seq) = match resume_from(&headers) {
         Ok(cursor) => cursor,
         Err(refusal) => return refusal.into_response(),
     };
@@ -133,7 +155,7 @@ pub async fn events(
         Err(e) => return crate::create::internal(e).into_response(),
     };
     let (first, cursor) = next_events(&row, &attempts, cursor);
-    if first.is_empty() && cursor.done {
+    if first.is_empty() && cursor.done && !query.limits {
         // 204 tells an EventSource to stop reconnecting.
         return StatusCode::NO_CONTENT.into_response();
     }
@@ -147,6 +169,8 @@ pub async fn events(
         id,
         cursor,
         queue: first.into(),
+        limits: query.limits.then_some(limit_seq),
+        limit_queue: VecDeque::new(),
         deadline: Instant::now()
             .checked_add(limits.max_lifetime)
             .unwrap_or_else(far_future),
@@ -174,6 +198,10 @@ struct Follow {
     id: String,
     cursor: Cursor,
     queue: VecDeque<ProgressEvent>,
+    /// With `?limits=true`: the `seq` of the last `limit_reached` event read.
+    limits: Option<u64>,
+    /// `limit_reached` events read but not yet sent.
+    limit_queue: VecDeque<serde_json::Value>,
     deadline: Instant,
     /// Held for as long as the stream lives (dropped with it when the client goes away).
     _slot: OwnedSemaphorePermit,
@@ -187,16 +215,29 @@ fn frame(event: &ProgressEvent) -> Event {
         .data(event.data.to_string())
 }
 
-/// The next frame of the stream; `None` (the end) after `done` or at the deadline.
+/// A `limit_reached` event, its id after the `done` event's (limit events follow it).
+fn limit_frame(done: Cursor, event: &serde_json::Value) -> Event {
+    let seq = event["seq"].as_u64().unwrap_or(0);
+    Event::default()
+        .event("limit_reached")
+        .id(format!("{}.{seq}", done.encode()))
+        .data(event.to_string())
+}
+
+/// The next frame of the stream; `None` (the end) after `done` (or, following limits, once
+/// the sandbox is deleted or failed) or at the deadline.
 async fn next_frame(follow: Option<Follow>) -> Option<(Result<Event, Infallible>, Option<Follow>)> {
     let mut follow = follow?;
     loop {
         if let Some(event) = follow.queue.pop_front() {
             let frame = frame(&event);
-            let rest = (!follow.cursor.done || !follow.queue.is_empty()).then_some(follow);
-            return Some((Ok(frame), rest));
+            let more = !follow.cursor.done || !follow.queue.is_empty() || follow.limits.is_some();
+            return Some((Ok(frame), more.then_some(follow)));
         }
-        if follow.cursor.done {
+        if let Some(event) = follow.limit_queue.pop_front() {
+            return Some((Ok(limit_frame(follow.cursor, &event)), Some(follow)));
+        }
+        if follow.cursor.done && follow.limits.is_none() {
             return None;
         }
         let now = Instant::now();
@@ -206,6 +247,12 @@ async fn next_frame(follow: Option<Follow>) -> Option<(Result<Event, Infallible>
             return Some((Ok(bye), None));
         }
         tokio::time::sleep_until(follow.deadline.min(now + POLL_INTERVAL)).await;
+        if follow.cursor.done {
+            if !read_limits(&mut follow).await {
+                return None;
+            }
+            continue;
+        }
         match follow.coordinator.progress(&follow.id).await {
             Ok(Some((row, attempts))) => {
                 let (events, cursor) = next_events(&row, &attempts, follow.cursor);
@@ -221,3 +268,27 @@ async fn next_frame(follow: Option<Follow>) -> Option<(Result<Event, Infallible>
         }
     }
 }
+
+/// Reads the `limit_reached` events after the last one sent into the queue; false once the
+/// sandbox can have no more (deleted, failed, gone).
+async fn read_limits(follow: &mut Follow) -> bool {
+    let after = follow.limits.unwrap_or(0);
+    match follow.coordinator.limit_events(&follow.id, after).await {
+        Ok(Some(events)) => {
+            if let Some(last) = events.last().and_then(|e| e["seq"].as_u64()) {
+                follow.limits = Some(last);
+            }
+            follow.limit_queue.extend(events);
+            true
+        }
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(sandbox = %follow.id, error = %e, "event stream could not read the sandbox's limits");
+            true
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod body;
 pub mod credentials;
+pub mod decisions;
 pub mod delegations;
 pub mod events;
 pub mod extract;
@@ -18,9 +19,11 @@ pub mod identities;
 pub mod listener;
 pub mod policies;
 pub mod pools;
+pub mod request_id;
 pub mod routes;
 pub mod sandbox_ops;
 pub mod sandboxes;
+pub mod traced;
 
 use crate::error::{Details, Error, Kind};
 use crate::reply::ErrorReply;
@@ -58,6 +61,8 @@ pub struct ApiState {
     pub role: crate::config::Role,
     /// This replica in the deployment's registry (`GET /v1/policies` lists them all).
     pub replica: Arc<crate::replicas::Replica>,
+    /// Recent decision records (`GET /v1/decisions`, `/v1/decisions/stream`).
+    pub decisions: decisions::Decisions,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -70,6 +75,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(sandbox_ops::routes())
         .merge(delegations::routes())
         .merge(events::routes())
+        .merge(decisions::routes())
         .merge(routes::routes())
         .fallback(not_found)
         // After every route: it applies to the routes registered so far.
@@ -77,6 +83,10 @@ pub fn router(state: ApiState) -> Router {
         // A route with its own limit (file uploads) overrides this one.
         .layer(DefaultBodyLimit::max(body::MAX_JSON_BYTES))
         .layer(axum::middleware::map_response(error_shape))
+        .layer(axum::middleware::map_response(close_after_too_large))
+        .layer(axum::middleware::from_fn(traced::request))
+        // Outermost: the id is set before the span opens, and on every answer.
+        .layer(axum::middleware::from_fn(request_id::layer))
         .with_state(state)
 }
 
@@ -96,6 +106,7 @@ pub fn probes_router(state: ApiState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::map_response(error_shape))
+        .layer(axum::middleware::from_fn(request_id::layer))
         .with_state(state)
 }
 
@@ -185,6 +196,20 @@ async fn method_not_allowed() -> Response {
         "this endpoint does not take this method; the Allow header lists the ones it takes",
     )
     .into_response()
+}
+
+/// A 413 is answered before the body is read to its end, so the connection cannot carry
+/// another request: say so (`Connection: close`). Without it a client may put its next
+/// request on this connection while the server closes it, and see it fail with no answer
+/// (the SDKs' scenario suites did, now and then, right after a 413).
+async fn close_after_too_large(mut response: Response) -> Response {
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// Any 4xx/5xx that is not already in the error shape (no `X-Sandgate-Error`) becomes it,

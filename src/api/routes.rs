@@ -28,7 +28,7 @@ pub fn routes() -> Router<ApiState> {
     tag = "routing",
     request_body(content = CreateBody, description = "A create request body", content_type = "application/json"),
     responses(
-        (status = 200, description = "Explanation: automatic, baseline, priorities, bands, pools[] {pool, provider, account, eligible, unmet_requirements, tier, rank, metrics, soft_score, free_capacity, position}, order, error", body = Object),
+        (status = 200, description = "Explanation: automatic, baseline, priorities, bands, pools[] {pool, provider, account, eligible, unmet_requirements, tier, rank, metrics, soft_score, free_capacity, position}, order, error", body = sandgate_router::Explanation),
         (status = 400, description = "invalid_request: the create body's rules (see POST /v1/sandboxes)"),
         (status = 401, description = "unauthenticated"),
         (status = 413, description = "payload_too_large: the body is over 1 MiB"),
@@ -89,6 +89,8 @@ pub async fn explain(
         super::sandboxes::list,
         super::sandboxes::remove,
         super::events::events,
+        super::decisions::list,
+        super::decisions::stream,
         super::sandbox_ops::exec,
         super::sandbox_ops::cancel,
         super::sandbox_ops::read_file,

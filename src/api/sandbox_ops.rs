@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::auth::{ActionCaller, Principal};
@@ -364,13 +364,22 @@ pub async fn write_file(
     }
 }
 
+/// The answer to `GET /v1/sandboxes/{id}/files` (serialized from this type, so the OpenAPI
+/// document's schema is what the gateway answers).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct FileList {
+    /// The directory listed, as asked.
+    pub path: String,
+    pub entries: Vec<crate::ops::SandboxEntry>,
+}
+
 /// List a directory.
 #[utoipa::path(
     get,
     path = "/v1/sandboxes/{id}/files",
     tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), ("path" = String, Query, description = "Directory")),
-    responses((status = 200, description = "{path, entries: [{name, kind, size, mode, modified_unix}]}", body = Object)),
+    responses((status = 200, description = "The directory's entries", body = FileList)),
     security(("bearer" = []))
 )]
 pub async fn list_dir(
@@ -385,7 +394,7 @@ pub async fn list_dir(
     })
     .await
     {
-        Ok(entries) => Json(json!({"path": path, "entries": entries})).into_response(),
+        Ok(entries) => Json(FileList { path, entries }).into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -465,7 +474,7 @@ macro_rules! lifecycle_route {
                     tag = "sandboxes",
                     params(("id" = String, Path, description = "Sandbox id")),
                     responses(
-                        (status = 200, description = "The sandbox in its new state", body = Object),
+                        (status = 200, description = "The sandbox in its new state", body = crate::create::SandboxView),
                         (status = 403, description = "policy_denied (layer sandgate.lifecycle)"),
                         (status = 409, description = "sandbox_state"),
                     ),
@@ -524,7 +533,7 @@ pub struct TimeoutBody {
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = TimeoutBody,
     responses(
-        (status = 200, description = "The sandbox, with its new `expires_ms`", body = Object),
+        (status = 200, description = "The sandbox, with its new `expires_ms`", body = crate::create::SandboxView),
         (status = 400, description = "invalid_request"),
         (status = 403, description = "policy_denied (layer sandgate.lifecycle, operation set_timeout)"),
         (status = 404, description = "not_found"),
@@ -578,7 +587,7 @@ impl SnapshotBody {
     tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
     request_body(content = SnapshotBody, description = "Optional: {kind, paths}"),
-    responses((status = 201, description = "{snapshot: {id, kind, size_bytes, pool, ...}, export?: {files, dirs, bytes, skipped}}", body = Object)),
+    responses((status = 201, description = "The snapshot (and, for a filesystem export, what it moved)", body = crate::operations::snapshots::SnapshotTaken)),
     security(("bearer" = []))
 )]
 pub async fn snapshot(

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::auth::Caller;
 use super::body::JsonBody;
@@ -44,9 +44,9 @@ fn not_found(id: &str) -> Response {
     params(("Idempotency-Key" = Option<String>, Header, description = "Same key and body return the same sandbox, without its egress token (shown once, to the first create); scoped per workspace")),
     request_body(content = crate::create::CreateBody, description = "Create request: workspace, provider, fallback_providers, source, resources, features, network, regions, labels, credentials, routing, snapshot, dry_run (plan only: nothing is created, the Idempotency-Key is not used)", content_type = "application/json"),
     responses(
-        (status = 200, description = "dry_run: the plan {dry_run, workspace, would_create, first_pool, plan[] {position, pool, provider, account, decision: attempt | skip | refused, reached: first | on_failover | never, layer, error_class, reasons}, refused[] {pool, provider, reasons}, error, placement_record}; nothing was created", body = Object),
-        (status = 201, description = "Placed and running. The create that made the sandbox carries its egress token (`egress.token`, also in `egress.proxy_url` and the proxy variables of `egress.env` unless `egress.enforcement` is `namespace`) with `egress.token_already_shown: false`; this is the only time it is shown. An idempotent replay has no `egress.token`, `{token}` in its place in the proxy URL, and `egress.token_already_shown: true`", body = Object),
-        (status = 202, description = "Accepted; placement continues in the background (pending, provisioning or reconciling). The token is shown as for 201", body = Object),
+        (status = 200, description = "dry_run: the plan {dry_run, workspace, would_create, first_pool, plan[] {position, pool, provider, account, decision: attempt | skip | refused, reached: first | on_failover | never, layer, error_class, reasons}, refused[] {pool, provider, reasons}, error, placement_record}; nothing was created", body = crate::create::DryRunPlan),
+        (status = 201, description = "Placed and running. The create that made the sandbox carries its egress token (`egress.token`, also in `egress.proxy_url` and the proxy variables of `egress.env` unless `egress.enforcement` is `namespace`) with `egress.token_already_shown: false`; this is the only time it is shown. An idempotent replay has no `egress.token`, `{token}` in its place in the proxy URL, and `egress.token_already_shown: true`", body = crate::create::SandboxView),
+        (status = 202, description = "Accepted; placement continues in the background (pending, provisioning or reconciling). The token is shown as for 201", body = crate::create::SandboxView),
         (status = 400, description = "invalid_request with details.field = the field path: bytes after the JSON value, a duplicate key, an unknown field at any level, a mistyped value, a resource out of bounds (cpu in (0, 1024], memory_mb 1 to 16777216, disk_gb 1 to 65536, gpu at most 64), a weight or max_skew outside 1 to 1000, a name, label key or value with a control or invisible formatting character or over its length (names and keys 128 bytes, values 256), more than 64 entries in a list or map"),
         (status = 401, description = "unauthenticated"),
         (status = 403, description = "forbidden, policy_denied or billing_refused"),
@@ -95,7 +95,7 @@ pub async fn create(
     path = "/v1/sandboxes/{id}",
     tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 200, description = "The sandbox: state, placement, attempts[] (pool, state, outcome, error_class, message, duration_ms), and placement_record {recorded_ms, source, context, explanation (POST /v1/routes:explain's answer when the create was accepted), candidates, excluded[] {pool, reason}}, null for sandboxes created before records were kept", body = Object), (status = 404, description = "not_found")),
+    responses((status = 200, description = "The sandbox: state, placement, attempts[] (pool, state, outcome, error_class, message, duration_ms), and placement_record {recorded_ms, source, context, explanation (POST /v1/routes:explain's answer when the create was accepted), candidates, excluded[] {pool, reason}}, null for sandboxes created before records were kept", body = crate::create::SandboxView), (status = 404, description = "not_found")),
     security(("bearer" = []))
 )]
 pub async fn read(
@@ -149,7 +149,7 @@ fn invalid(field: &str, message: String) -> Response {
         ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
     ),
     responses(
-        (status = 200, description = "{sandboxes: [...], next_cursor}", body = Object),
+        (status = 200, description = "{sandboxes: [...], next_cursor}", body = crate::create::SandboxPage),
         (status = 400, description = "invalid_request: an unknown, repeated or mistyped parameter, an unknown state, a label that is not key=value, a limit outside 1 to 500"),
     ),
     security(("bearer" = []))
@@ -222,7 +222,11 @@ pub async fn list(
                         .and_then(|v| v["id"].as_str().map(str::to_string))
                 })
                 .flatten();
-            Json(json!({"sandboxes": items, "next_cursor": next})).into_response()
+            Json(crate::create::SandboxPage {
+                sandboxes: items,
+                next_cursor: next,
+            })
+            .into_response()
         }
         Err(e) => e.into_response(),
     }
@@ -234,7 +238,7 @@ pub async fn list(
     path = "/v1/sandboxes/{id}",
     tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 200, description = "The sandbox, state deleted", body = Object), (status = 404, description = "not_found")),
+    responses((status = 200, description = "The sandbox, state deleted", body = crate::create::SandboxView), (status = 404, description = "not_found")),
     security(("bearer" = []))
 )]
 pub async fn remove(

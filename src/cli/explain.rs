@@ -12,15 +12,22 @@
 //!
 //! For the same configuration, store and request both give the same answer; the workspace
 //! is the request's `workspace`, else `--workspace` (the gateway uses the caller's).
-//! Exit status: 0 when at least one pool is eligible, 1 otherwise (none is, or an error,
-//! printed on stderr).
+//! Output follows the contract ([`output`]): `-o table` (the default on a terminal) one row
+//! per pool (its position in the order, eligibility, unmet requirements, soft score; `-o
+//! wide` adds the rank keys, tier and free capacity) and then the final order; `-o json` (the
+//! default in a pipe) the explanation document as the API gives it; `-o yaml` the same as
+//! YAML; `-q` the order's pools, one per line.
+//! Exit status: 0 when at least one pool is eligible, 1 otherwise (none is, or the gateway
+//! refused, its error on stderr), 2 for a usage or input error, 3 when the gateway answers
+//! not found.
 
 use std::path::PathBuf;
 
 use clap::Subcommand;
 use serde_json::Value;
 
-use super::{print, read_json, Api, CliError};
+use super::output::{cell, OutputArgs, Shape};
+use super::{output, read_json, Api, CliError};
 use crate::config::Config;
 use crate::create::context::Inputs;
 use crate::create::CreateBody;
@@ -30,6 +37,11 @@ use crate::store::Store;
 pub enum RouteCommand {
     /// Explain how the configured pools would route a create request, on the measured
     /// context of the configured store (or of a running gateway with `--url`).
+    ///
+    /// Examples:
+    ///   echo '{"regions": ["eu-west-1"]}' | sandgate route explain --request - --config sandgate.toml
+    ///   sandgate route explain --request create.json --url http://127.0.0.1:7070
+    #[command(verbatim_doc_comment)]
     Explain {
         /// The create request (JSON file, `-` for standard input).
         #[arg(long)]
@@ -41,16 +53,129 @@ pub enum RouteCommand {
         /// The workspace whose Auto order applies when the request names none.
         #[arg(long)]
         workspace: Option<String>,
+        #[command(flatten)]
+        output: OutputArgs,
     },
 }
 
-/// `sandgate route explain`.
-pub fn route(cmd: RouteCommand, config: &Config) -> Result<i32, CliError> {
+/// `sandgate route explain`: its exit code; errors are printed by the output contract.
+pub fn route(cmd: RouteCommand, config: &Config) -> i32 {
     let RouteCommand::Explain {
         request,
         url,
         workspace,
+        output: out,
     } = cmd;
+    let result = explain(request, url, workspace.as_deref(), config).map(|answer| match answer {
+        Ok(explanation) => print_explanation(&explanation, &out),
+        Err((status, body)) => {
+            eprint!("{}", output::api_error(out.output, status, &body));
+            output::exit_code(status)
+        }
+    });
+    result.unwrap_or_else(|e| e.report(out.output))
+}
+
+/// The explanation as `-o` asks; 0 when at least one pool is eligible, else 1.
+fn print_explanation(explanation: &Value, out: &OutputArgs) -> i32 {
+    print!("{}", render(explanation, out));
+    let eligible = explanation["order"]
+        .as_array()
+        .is_some_and(|o| !o.is_empty());
+    if eligible {
+        output::OK
+    } else {
+        output::FAILED
+    }
+}
+
+/// How `route explain` shows as a table: one row per pool, in the order the JSON lists them.
+const SHAPE: Shape = Shape {
+    header: &[
+        "POOL", "PROVIDER", "REGION", "ELIGIBLE", "POSITION", "SCORE", "UNMET",
+    ],
+    wide: &["TIER", "FREE", "RANK"],
+    items: |body| output::list_of(body, "pools"),
+    row: pool_row,
+    id: |pool| pool["pool"].as_str().unwrap_or_default().to_string(),
+};
+
+fn pool_row(pool: &Value, wide: bool) -> Vec<String> {
+    let unmet: Vec<&str> = pool["unmet_requirements"]
+        .as_array()
+        .map(|u| u.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let position = pool["position"].as_u64().map(|p| (p + 1).to_string());
+    let mut row = vec![
+        cell(&pool["pool"]),
+        cell(&pool["provider"]),
+        cell(&pool["region"]),
+        if pool["eligible"] == true {
+            "yes"
+        } else {
+            "no"
+        }
+        .to_string(),
+        position.unwrap_or_else(|| "-".into()),
+        cell(&pool["soft_score"]),
+        cell(&Value::String(unmet.join("; "))),
+    ];
+    if wide {
+        let rank: Vec<String> = pool["rank"]
+            .as_array()
+            .map(|keys| keys.iter().map(rank_key).collect())
+            .unwrap_or_default();
+        row.push(cell(&pool["tier"]));
+        row.push(cell(&pool["free_capacity"]));
+        row.push(cell(&Value::String(rank.join(","))));
+    }
+    row
+}
+
+/// One rank key as `priority=value` (`/band` when banded).
+fn rank_key(key: &Value) -> String {
+    let priority = key["priority"].as_str().unwrap_or("?");
+    let value = match &key["value"] {
+        Value::Null => "-".to_string(),
+        v => v.to_string(),
+    };
+    match key["band"].as_i64() {
+        Some(band) => format!("{priority}={value}/{band}"),
+        None => format!("{priority}={value}"),
+    }
+}
+
+/// The explanation in the format `out` selects: the table ends with the final order (and
+/// the reason when no pool is eligible); `-q` prints the order's pools.
+pub(super) fn render(explanation: &Value, out: &OutputArgs) -> String {
+    let order: Vec<String> = explanation["order"]
+        .as_array()
+        .map(|o| o.iter().map(cell).collect())
+        .unwrap_or_default();
+    if out.quiet {
+        return order.iter().map(|p| format!("{p}\n")).collect();
+    }
+    let format = out.format();
+    let mut text = output::render(format, false, explanation, &SHAPE);
+    if matches!(format, output::Format::Table | output::Format::Wide) {
+        let order = if order.is_empty() {
+            "- (no eligible pool)".to_string()
+        } else {
+            order.join(", ")
+        };
+        text.push_str(&format!("\nORDER: {order}\n"));
+    }
+    text
+}
+
+/// The explanation from the gateway or the store; `Err` inside holds the gateway's error
+/// answer and its status.
+fn explain(
+    request: PathBuf,
+    url: Option<String>,
+    workspace: Option<&str>,
+    config: &Config,
+) -> Result<Result<Value, (u16, Value)>, CliError> {
     let raw = read_json(&request)?;
     let body = CreateBody::parse(raw.clone()).map_err(|e| {
         CliError::Usage(format!(
@@ -64,20 +189,15 @@ pub fn route(cmd: RouteCommand, config: &Config) -> Result<i32, CliError> {
         .enable_all()
         .build()
         .map_err(|e| CliError::Usage(format!("cannot start the async runtime: {e}")))?;
-    let explanation = runtime.block_on(async {
+    runtime.block_on(async {
         match url {
             Some(url) => from_gateway(url, &raw).await,
-            None => from_store(config, &body, workspace.as_deref()).await,
+            None => from_store(config, &body, workspace).await.map(Ok),
         }
-    })?;
-    print(&explanation);
-    let eligible = explanation["order"]
-        .as_array()
-        .is_some_and(|o| !o.is_empty());
-    Ok(if eligible { 0 } else { 1 })
+    })
 }
 
-async fn from_gateway(url: String, body: &Value) -> Result<Value, CliError> {
+async fn from_gateway(url: String, body: &Value) -> Result<Result<Value, (u16, Value)>, CliError> {
     let api = Api::to(url)?;
     let endpoint = format!("{}/v1/routes:explain", api.base);
     eprintln!("explain: measured context of the gateway at {}", api.base);
@@ -85,12 +205,9 @@ async fn from_gateway(url: String, body: &Value) -> Result<Value, CliError> {
         .send(api.http.post(&endpoint).json(body), &endpoint)
         .await?;
     if status != 200 {
-        return Err(CliError::Http {
-            url: endpoint,
-            message: format!("HTTP {status}: {answer}"),
-        });
+        return Ok(Err((status, answer)));
     }
-    Ok(answer)
+    Ok(Ok(answer))
 }
 
 async fn from_store(

@@ -1,15 +1,13 @@
-//! `sandgate pools [--json]`: `GET /v1/pools` of a running gateway (`SANDGATE_URL`,
-//! `SANDGATE_TOKEN`, as `sandgate sandbox ...`).
-//!
-//! Without `--json`, a table: a header row, then one row per pool, then the stats window the
-//! measurements cover. With `--json`, the API's answer as it is (for scripts). Exit 0 on a
-//! 2xx answer; 1 otherwise, with the API's error JSON on stdout.
+//! `sandgate pools`: `GET /v1/pools` of a running gateway, by the output contract of
+//! [`super::output`]: a table (a header row, one row per pool, then the stats window the
+//! measurements cover), `-o json|yaml` for the API's answer as it is (`--json` is kept as
+//! `-o json`), `-q` for the pool names.
 
 use serde_json::Value;
 
+use super::output::{self, Format, OutputArgs};
 use super::term::{aligned, clean};
-
-use super::{print, Api, CliError};
+use super::{run_client, GatewayArgs};
 
 const HEADER: [&str; 11] = [
     "POOL",
@@ -25,25 +23,36 @@ const HEADER: [&str; 11] = [
     "ACCOUNT CHECK",
 ];
 
-/// `sandgate pools`.
-pub fn pools(json: bool) -> Result<i32, CliError> {
-    let api = Api::from_env()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::Usage(format!("cannot start the async runtime: {e}")))?;
-    let url = format!("{}/v1/pools", api.base);
-    let (status, body) = runtime.block_on(api.send(api.http.get(&url), &url))?;
-    if !(200..300).contains(&status) {
-        print(&body);
-        return Ok(1);
-    }
+/// `sandgate pools`; `json` is the older `--json` flag.
+pub fn pools(gateway: &GatewayArgs, out: &OutputArgs, json: bool) -> i32 {
+    let mut out = out.clone();
     if json {
-        print(&body);
-    } else {
-        print!("{}", table(&body));
+        out.output = Some(Format::Json);
     }
-    Ok(0)
+    let shown = out.clone();
+    run_client(gateway, &shown, |api| async move {
+        let url = format!("{}/v1/pools", api.base);
+        let (status, body) = api.send(api.http.get(&url), &url).await?;
+        if !(200..300).contains(&status) {
+            eprint!("{}", output::api_error(out.output, status, &body));
+            return Ok(output::exit_code(status));
+        }
+        let text = match out.format() {
+            _ if out.quiet => names(&body),
+            Format::Table | Format::Wide => table(&body),
+            _ => output::render(out.format(), false, &body, &super::shapes::DOCUMENT),
+        };
+        print!("{text}");
+        Ok(output::OK)
+    })
+}
+
+/// `-q`: one pool name a line.
+fn names(view: &Value) -> String {
+    output::list_of(view, "pools")
+        .into_iter()
+        .map(|p| format!("{}\n", text(&p["pool"])))
+        .collect()
 }
 
 /// The human table of a `GET /v1/pools` answer. Tolerates missing fields (an older or newer

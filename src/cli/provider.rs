@@ -15,6 +15,10 @@ use crate::providers::hosted;
 pub enum ProviderCommand {
     /// Make one harmless authenticated call (e.g. list one sandbox) with an account's
     /// base URL and API key, and report whether they work.
+    ///
+    /// Example:
+    ///   sandgate provider check e2b-main --config sandgate.toml
+    #[command(verbatim_doc_comment)]
     Check {
         /// The account's `name` in `[[accounts]]`.
         account: String,

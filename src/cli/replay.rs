@@ -13,8 +13,16 @@ use crate::policy::PolicyEngine;
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
     /// Decision log (JSON lines, as `[log] decisions` writes it).
+    #[arg(long, required_unless_present = "since", conflicts_with = "since")]
+    pub decisions: Option<PathBuf>,
+    /// Instead of a file, the decisions a running gateway kept in memory since then
+    /// (`GET /v1/decisions?since=`: a duration such as 24h, or an RFC 3339 time).
     #[arg(long)]
-    pub decisions: PathBuf,
+    pub since: Option<String>,
+    /// The gateway for `--since` (default SANDGATE_URL, else http://127.0.0.1:7070;
+    /// SANDGATE_TOKEN authenticates).
+    #[arg(long, requires = "since")]
+    pub url: Option<String>,
     /// Candidate policy directory to evaluate every recorded input under.
     #[arg(long)]
     pub against: PathBuf,
@@ -68,7 +76,17 @@ pub fn eval_replay(
 pub fn replay_against(args: &ReplayArgs, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let report = PolicyEngine::load(&args.against)
         .map_err(replay::ReplayError::from)
-        .and_then(|engine| replay::replay(&args.decisions, &engine));
+        .and_then(|engine| match (&args.decisions, &args.since) {
+            (Some(file), _) => replay::replay(file, &engine),
+            (None, Some(since)) => {
+                let lines = super::logs::fetch_lines(args.url.as_deref(), since)?;
+                replay::replay_from(lines.as_slice(), "GET /v1/decisions".into(), &engine)
+            }
+            (None, None) => Err(replay::ReplayError::File {
+                file: "-".into(),
+                reason: "give --decisions FILE or --since DURATION".into(),
+            }),
+        });
     let report = match report {
         Ok(report) => report,
         Err(e) => {

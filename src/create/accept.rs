@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use serde_json::Value;
 
@@ -115,7 +116,10 @@ impl Coordinator {
 
         let this = self.clone();
         let job_id = id.clone();
-        let mut handle = tokio::spawn(async move { this.drive(&job_id).await });
+        // A child of the API request's span, though it outlives the request.
+        let span =
+            tracing::info_span!("sandbox.create", sandbox_id = %id, workspace = %req.workspace);
+        let mut handle = tokio::spawn(async move { this.drive(&job_id).await }.instrument(span));
         let wait = Duration::from_millis(self.deps.config.short_wait_ms);
         let _ = tokio::time::timeout(wait, &mut handle).await;
         self.respond(&id, Some(&token)).await

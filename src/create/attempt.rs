@@ -82,6 +82,35 @@ impl Coordinator {
         cand: &StoredCandidate,
         seq: i64,
     ) -> Result<Step, StoreError> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            "sandbox.attempt",
+            sandbox_id = %job.row.id,
+            pool = %cand.pool,
+            provider = %cand.provider,
+            seq,
+            outcome = tracing::field::Empty,
+        );
+        let step = self
+            .try_pool_inner(job, cand, seq)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &step {
+            Ok(Step::Placed) => "placed",
+            Ok(Step::Advance) => "advanced",
+            Ok(Step::End(_)) => "failed",
+            Err(_) => "store_error",
+        };
+        span.record("outcome", outcome);
+        step
+    }
+
+    async fn try_pool_inner(
+        &self,
+        job: &Job,
+        cand: &StoredCandidate,
+        seq: i64,
+    ) -> Result<Step, StoreError> {
         // (a) admit, for this pool, now.
         let adapter = match self.admit_or_record(job, cand, seq).await? {
             Ok(adapter) => adapter,

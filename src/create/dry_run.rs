@@ -34,6 +34,7 @@
 
 use std::sync::Arc;
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::record::PlacementRecord;
@@ -68,11 +69,17 @@ impl Coordinator {
                     reasons,
                 } => ("refused", Some(layer), Some(class), reasons),
             };
-            plan.push(json!({
-                "position": seq, "pool": cand.pool, "provider": cand.provider,
-                "account": cand.account, "decision": decision, "reached": reached,
-                "layer": layer, "error_class": class.map(|c| c.as_str()), "reasons": reasons,
-            }));
+            plan.push(PlanStep {
+                position: seq,
+                pool: cand.pool.clone(),
+                provider: cand.provider.clone(),
+                account: cand.account.clone(),
+                decision,
+                reached,
+                layer,
+                error_class: class.map(|c| c.as_str()),
+                reasons: reasons.clone(),
+            });
             match decision {
                 "attempt" if reached == "first" => {
                     first_pool = Some(cand.pool.clone());
@@ -91,16 +98,17 @@ impl Coordinator {
             }
         }
         let record_value: Value = serde_json::from_str(&record.to_json()).unwrap_or(Value::Null);
-        json!({
-            "dry_run": true,
-            "workspace": workspace,
-            "would_create": first_pool.is_some(),
-            "first_pool": first_pool,
-            "plan": plan,
-            "refused": refused(&record_value),
-            "error": error,
-            "placement_record": record_value,
-        })
+        let answer = DryRunPlan {
+            dry_run: true,
+            workspace: workspace.to_string(),
+            would_create: first_pool.is_some(),
+            first_pool,
+            plan,
+            refused: refused(&record_value),
+            error,
+            placement_record: record_value,
+        };
+        serde_json::to_value(answer).unwrap_or(Value::Null)
     }
 
     /// [`Coordinator::admit`] with `dry_run: true` in the policy input.
@@ -151,17 +159,90 @@ fn would_be_job(
     }
 }
 
+/// A dry run's answer (`POST /v1/sandboxes` with `dry_run: true`): what a create of the body
+/// would do; nothing is created. The answer is serialized from this type, so the OpenAPI
+/// document's schema is what the gateway sends.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DryRunPlan {
+    /// Always true.
+    pub dry_run: bool,
+    pub workspace: String,
+    /// True when some pool would be attempted.
+    pub would_create: bool,
+    /// The pool the create would try first.
+    pub first_pool: Option<String>,
+    /// Every candidate pool in routing order and what admission would decide there.
+    pub plan: Vec<PlanStep>,
+    /// Pools routing refused (with their unmet requirements) and pools a snapshot excluded.
+    pub refused: Vec<RefusedPool>,
+    /// `{error: {code, message, details}}`: the refusal the create would end in before any
+    /// attempt; null otherwise.
+    #[schema(value_type = Option<Object>)]
+    pub error: Value,
+    /// The placement record the create would keep.
+    #[schema(value_type = Option<Object>)]
+    pub placement_record: Value,
+}
+
+/// One candidate pool of a dry run's plan.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PlanStep {
+    /// 1-based, in routing order.
+    pub position: i64,
+    pub pool: String,
+    pub provider: String,
+    pub account: String,
+    /// `attempt`, `skip` or `refused`.
+    #[schema(value_type = String)]
+    pub decision: &'static str,
+    /// `first`, `on_failover` or `never`.
+    #[schema(value_type = String)]
+    pub reached: &'static str,
+    /// The policy layer that refused (for `refused`).
+    #[schema(value_type = Option<String>)]
+    pub layer: Option<Layer>,
+    #[schema(value_type = Option<String>)]
+    pub error_class: Option<&'static str>,
+    pub reasons: Vec<String>,
+}
+
+/// A pool a dry run would never try, and why.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RefusedPool {
+    pub pool: String,
+    /// Null for a pool a snapshot excluded.
+    pub provider: Option<String>,
+    pub reasons: Vec<String>,
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
 /// Pools routing refused (with their unmet requirements) and pools a snapshot excluded.
-fn refused(record: &Value) -> Vec<Value> {
-    let mut out: Vec<Value> = record["explanation"]["pools"]
+fn refused(record: &Value) -> Vec<RefusedPool> {
+    let mut out: Vec<RefusedPool> = record["explanation"]["pools"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|p| p["eligible"] == false)
-        .map(|p| json!({"pool": p["pool"], "provider": p["provider"], "reasons": p["unmet_requirements"]}))
+        .map(|p| RefusedPool {
+            pool: text(&p["pool"]),
+            provider: p["provider"].as_str().map(str::to_string),
+            reasons: p["unmet_requirements"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(text)
+                .collect(),
+        })
         .collect();
     for e in record["excluded"].as_array().into_iter().flatten() {
-        out.push(json!({"pool": e["pool"], "provider": Value::Null, "reasons": [e["reason"]]}));
+        out.push(RefusedPool {
+            pool: text(&e["pool"]),
+            provider: None,
+            reasons: vec![text(&e["reason"])],
+        });
     }
     out
 }

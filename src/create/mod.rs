@@ -50,8 +50,10 @@ mod snapshot;
 mod view;
 mod walk;
 
+pub use dry_run::{DryRunPlan, PlanStep, RefusedPool};
 pub use remote::{Endpoint, RemoteGateway};
 pub use respond::Answer;
+pub use view::{EgressView, SandboxPage, SandboxView};
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -179,26 +179,31 @@ pub fn find_placeholders(
     path_and_query: &str,
 ) -> Vec<(Place, Token)> {
     let mut found = Vec::new();
-    let mut push = |place: Place, tokens: Vec<Token>| {
-        found.extend(tokens.into_iter().map(|t| (place.clone(), t)));
+    // The place is built only for what was found: most requests find nothing, and a header
+    // name is cloned (allocated, for a custom one) only when its value holds a placeholder.
+    let mut push = |place: &dyn Fn() -> Place, tokens: &mut Vec<Token>| {
+        if !tokens.is_empty() {
+            let place = place();
+            found.extend(tokens.drain(..).map(|t| (place.clone(), t)));
+        }
     };
     let mut tokens = Vec::new();
     scan::find(method.as_bytes(), &mut tokens);
-    push(Place::Method, std::mem::take(&mut tokens));
+    push(&|| Place::Method, &mut tokens);
     for (name, value) in headers {
         scan::find(name.as_str().as_bytes(), &mut tokens);
-        push(Place::HeaderName, std::mem::take(&mut tokens));
+        push(&|| Place::HeaderName, &mut tokens);
         scan::find_with_basic(value.as_bytes(), &mut tokens);
-        push(Place::Header(name.clone()), std::mem::take(&mut tokens));
+        push(&|| Place::Header(name.clone()), &mut tokens);
     }
     let (path, query) = split_query(path_and_query);
     scan::find(path.as_bytes(), &mut tokens);
-    push(Place::Path, std::mem::take(&mut tokens));
+    push(&|| Place::Path, &mut tokens);
     for pair in scan::query_pairs(query.unwrap_or("")) {
         scan::find(&pair.name, &mut tokens);
-        push(Place::QueryName, std::mem::take(&mut tokens));
+        push(&|| Place::QueryName, &mut tokens);
         scan::find(pair.value.as_bytes(), &mut tokens);
-        push(Place::QueryValue(pair.name), std::mem::take(&mut tokens));
+        push(&|| Place::QueryValue(pair.name.clone()), &mut tokens);
     }
     found
 }

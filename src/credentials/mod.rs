@@ -27,6 +27,7 @@ pub mod aws_chunked;
 pub mod github;
 pub mod keys;
 mod mint;
+pub mod notes;
 pub mod oauth2;
 pub use crate::base::scan;
 pub mod scrub;
@@ -151,7 +152,8 @@ impl Apply {
 }
 
 /// Everything about a credential except its secret: what the API returns.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = CredentialMetadata)]
 pub struct CredentialMeta {
     pub workspace: String,
     #[serde(default)]
@@ -493,17 +495,34 @@ impl Parsed {
     }
 }
 
+/// A credential as `GET /v1/workspaces/{ws}/credentials/{name}` shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct CredentialView {
+    #[serde(flatten)]
+    pub meta: CredentialMeta,
+    pub version: i64,
+    /// How the secret is applied: the `apply.type`.
+    #[serde(rename = "type")]
+    #[schema(value_type = String)]
+    pub kind: &'static str,
+    /// A minted credential's (oauth2, github_app) token status; never the token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<tokens::Status>,
+}
+
 impl Credential {
     /// What the API shows: the metadata, the version, the `type` and, for a minted
     /// credential, the current token's expiry and the last refresh (never a token).
-    pub fn view(&self) -> serde_json::Value {
-        let mut view = serde_json::to_value(&self.meta).unwrap_or_default();
-        view["version"] = self.version.into();
-        view["type"] = self.meta.apply.kind().into();
-        if let Material::Tokens(source) = &self.material {
-            view["token"] = serde_json::to_value(source.status()).unwrap_or_default();
+    pub fn view(&self) -> CredentialView {
+        CredentialView {
+            meta: self.meta.clone(),
+            version: self.version,
+            kind: self.meta.apply.kind(),
+            token: match &self.material {
+                Material::Tokens(source) => Some(source.status()),
+                _ => None,
+            },
         }
-        view
     }
 
     /// Whether this version was deleted or replaced since it was read.

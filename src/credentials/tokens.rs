@@ -77,13 +77,15 @@ pub enum TokenError {
 }
 
 /// What the API shows about a credential's token (never the token).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+#[schema(as = TokenStatus)]
 pub struct Status {
     /// When the current token expires (RFC 3339).
     pub expires_at: Option<String>,
     /// When the last refresh finished, its outcome (`ok`, `rejected`, `transient_error`) and,
     /// for a failure, why.
     pub last_refresh_at: Option<String>,
+    #[schema(value_type = Option<String>)]
     pub last_refresh_outcome: Option<&'static str>,
     pub last_refresh_error: Option<String>,
     /// Whether the credential ended (its grant was refused).

@@ -77,12 +77,14 @@ mod tests {
             allowed,
             reasons: Vec::new(),
             action: "inspect".into(),
+            deny_mode: None,
             generation: 1,
             eval_time: Duration::ZERO,
             decision_id: None,
             deny_scope: None,
             default_deny,
             logged: None,
+            would_deny: Vec::new(),
         }
     }
 

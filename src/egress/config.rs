@@ -56,6 +56,38 @@ pub struct ProxyConfig {
     pub public_url: Option<String>,
     /// Seconds a client of the TLS listener may take to complete its TLS handshake.
     pub tls_handshake_timeout_secs: u64,
+    /// How a CONNECT to a refused destination is answered (see `egress::deny_tunnel`):
+    /// `in_tunnel` (accept the tunnel and answer every request inside it with the 403 JSON
+    /// body, so clients that drop CONNECT bodies show the reason) or `connect` (the plain
+    /// CONNECT 403). The egress decision's `deny_mode` overrides it per destination.
+    pub deny_mode: DenyMode,
+    /// Leaves one sandbox identity may have minted per minute for refused names answered
+    /// in the tunnel; beyond it the next refusal is the plain CONNECT 403. A name whose
+    /// leaf is already cached costs nothing. Bounds the CPU a sandbox asking for random
+    /// names can cost.
+    pub deny_leaves_per_minute: u32,
+}
+
+/// How a refused CONNECT is answered (`[proxy] deny_mode`, or the decision's `deny_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenyMode {
+    /// `200`, then a 403 with the JSON reason for each request inside the tunnel.
+    #[default]
+    InTunnel,
+    /// The CONNECT itself answered 403 (its body is what most clients never show).
+    Connect,
+}
+
+impl DenyMode {
+    /// The mode a policy value names (`"in_tunnel"` or `"connect"`), if any.
+    pub fn parse(text: &str) -> Option<DenyMode> {
+        match text {
+            "in_tunnel" => Some(DenyMode::InTunnel),
+            "connect" => Some(DenyMode::Connect),
+            _ => None,
+        }
+    }
 }
 
 /// The most tunnels one identity holds by default, however large `max_connections` is.
@@ -91,6 +123,8 @@ impl Default for ProxyConfig {
             public_name: None,
             public_url: None,
             tls_handshake_timeout_secs: 10,
+            deny_mode: DenyMode::InTunnel,
+            deny_leaves_per_minute: 60,
         }
     }
 }

@@ -19,9 +19,10 @@ use tracing::Instrument;
 use super::body::{full, reply, ProxyBody};
 use super::by_address;
 use super::decision::{
-    egress_denied, placeholder_in_destination, record, record_unidentified, resolve_error,
+    egress_refusal, placeholder_in_destination, record, record_unidentified, resolve_error,
     sandbox_inactive, Outcome,
 };
+use super::deny_tunnel::{self, NotInTunnel};
 use super::limits::Hold;
 use super::state::{next_request_id, EgressState};
 use super::target::{split_authority, Target};
@@ -187,10 +188,7 @@ async fn connect(
         resolved = Some(ips);
     }
     if !decision.allowed {
-        let error = egress_denied(&target, &decision.reasons);
-        outcome.deny(&error, decision.reasons.clone());
-        record(&state, &target, outcome, started);
-        return reply(&error);
+        return refuse(state, target, hold, req, decision, outcome, started);
     }
     let ips = match resolved {
         Some(ips) => ips,
@@ -226,6 +224,47 @@ async fn connect(
         .instrument(tracing::Span::current()),
     );
     Response::new(full(bytes::Bytes::new()))
+}
+
+/// A CONNECT the policy refused: answered inside the tunnel when [`deny_tunnel::admit`]
+/// lets it (the client then shows the reason), else with the CONNECT 403. Either way the
+/// name is not resolved and nothing is dialed.
+fn refuse(
+    state: Arc<EgressState>,
+    target: Arc<Target>,
+    hold: Hold,
+    mut req: Request<Incoming>,
+    decision: Decision,
+    mut outcome: Outcome,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let error = egress_refusal(&target, &decision);
+    let mut reasons = decision.reasons.clone();
+    let admitted = deny_tunnel::admit(&state, &target, &decision);
+    outcome.deny_mode = Some(match &admitted {
+        Ok(_) => "in_tunnel",
+        Err(_) => "connect",
+    });
+    if let Err(NotInTunnel::Because(why)) = &admitted {
+        reasons.push(why.clone());
+    }
+    outcome.deny(&error, reasons);
+    record(&state, &target, outcome, started);
+    let Ok(slot) = admitted else {
+        return reply(&error);
+    };
+    let hold = hold.with_tunnel(slot);
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let error = Arc::new(error);
+    tokio::spawn(
+        async move {
+            if let Ok(upgraded) = on_upgrade.await {
+                deny_tunnel::run(state, target, error, hold, upgraded).await;
+            }
+        }
+        .instrument(tracing::Span::current()),
+    );
+    deny_tunnel::established()
 }
 
 /// `sandgate.egress` at the connect phase, on the name and the addresses known so far

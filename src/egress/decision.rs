@@ -11,6 +11,7 @@ use crate::credentials::scan;
 use crate::decision_log::{now_rfc3339, redact_query, DecisionRecord, LoggedEval};
 use crate::error::{Blame, Details, Error, Kind};
 use crate::net::ResolveError;
+use crate::policy::{Decision, Layer};
 
 /// What is written to the decision log for one decision.
 pub(crate) struct Outcome {
@@ -31,6 +32,11 @@ pub(crate) struct Outcome {
     /// kept by the phase that asked, so a refusal made after an allow (a resolve or dial
     /// failure) still says what policy answered.
     pub policy: Option<Arc<LoggedEval>>,
+    /// A refused CONNECT: `in_tunnel` or `connect`, how it was answered.
+    pub deny_mode: Option<&'static str>,
+    /// Workspace credentials for this host that were not applied, and why (see
+    /// [`crate::credentials::notes`]).
+    pub credential_notes: Vec<String>,
 }
 
 impl Outcome {
@@ -54,6 +60,8 @@ impl Outcome {
             credential_types: Vec::new(),
             generation: 0,
             policy: None,
+            deny_mode: None,
+            credential_notes: Vec::new(),
         }
     }
 
@@ -118,6 +126,8 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
         policy_generation: outcome.generation,
         latency_us: latency.as_micros() as u64,
         policy: outcome.policy,
+        deny_mode: outcome.deny_mode,
+        credential_notes: outcome.credential_notes.into_iter().map(loggable).collect(),
     });
 }
 
@@ -166,6 +176,8 @@ pub(crate) fn record_unidentified(
         policy_generation: state.policy.generation(),
         latency_us: started.elapsed().as_micros() as u64,
         policy: None,
+        deny_mode: None,
+        credential_notes: Vec::new(),
     });
 }
 
@@ -182,6 +194,24 @@ pub(crate) fn egress_denied(target: &Target, reasons: &[String]) -> Error {
     )
     .blame(Blame::Sandbox)
     .with_details(Details::destination(&target.host, target.port).with_reasons(reasons.to_vec()))
+}
+
+/// [`egress_denied`] for a policy `decision`: names the layer and the decision record, and
+/// adds the one-line `reason` an agent can act on.
+pub(crate) fn egress_refusal(target: &Target, decision: &Decision) -> Error {
+    let mut error = egress_denied(target, &decision.reasons);
+    let id = decision.decision_id.as_deref();
+    let details = &mut *error.details;
+    details.layer = Some(Layer::Egress);
+    details.decision_id = id.map(str::to_string);
+    details.reason = Some(format!(
+        "sandgate's egress policy refuses {}:{} for this sandbox ({}); retrying will not help: use an allowed destination or ask the platform team{}",
+        target.host,
+        target.port,
+        decision.reasons.join("; "),
+        id.map(|id| format!(" (decision {id})")).unwrap_or_default(),
+    ));
+    error
 }
 
 pub(crate) fn resolve_error(target: &Target, e: &ResolveError) -> Error {

@@ -32,12 +32,13 @@ use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpInfo;
+use tracing::Instrument;
 
 use super::body::{
     full, reply, BoxError, GuardedRequest, ProxyBody, ResignedChunks, ScrubbedResponse,
 };
 use super::by_address;
-use super::decision::{egress_denied, record, resolve_error, sandbox_inactive, Outcome};
+use super::decision::{egress_refusal, record, resolve_error, sandbox_inactive, Outcome};
 use super::hop::{check_authority, strip_hop_by_hop};
 use super::limits::Hold;
 use super::path;
@@ -186,7 +187,9 @@ pub(crate) async fn handle(
 
 async fn run(ctx: &mut Ctx, mut req: Request<Incoming>) -> Phase<Response<ProxyBody>> {
     admit(ctx, &req)?;
-    let destination = request_policy(ctx, &req).await?;
+    let destination = request_policy(ctx, &req)
+        .instrument(tracing::info_span!("egress.policy"))
+        .await?;
     let vetted = resolve(ctx).await?;
     let h2 = websocket::is_h2_websocket(&req);
     // The client side of an upgrade (h1 `Upgrade` or h2 extended CONNECT).
@@ -195,8 +198,12 @@ async fn run(ctx: &mut Ctx, mut req: Request<Incoming>) -> Phase<Response<ProxyB
     // An h2 WebSocket is the HTTP/1.1 handshake it stands for from here on, so credentials
     // see the method that is forwarded.
     let ws_key = h2.then(|| websocket::to_h1_handshake(&mut parts));
-    let applied = credentials(ctx, &mut parts, destination).await?;
-    let upstream = upstream_request(ctx, parts, body, &vetted, &upgrade, &applied).await?;
+    let applied = credentials(ctx, &mut parts, destination)
+        .instrument(tracing::info_span!("egress.credential"))
+        .await?;
+    let upstream = upstream_request(ctx, parts, body, &vetted, &upgrade, &applied)
+        .instrument(tracing::info_span!("egress.upstream"))
+        .await?;
     ctx.record();
     response(ctx, upstream, applied, upgrade, ws_key)
 }
@@ -241,7 +248,7 @@ async fn request_policy(ctx: &mut Ctx, req: &Request<Incoming>) -> Phase<regorus
     ctx.outcome.generation = decision.generation;
     ctx.outcome.policy = decision.logged.clone();
     if !decision.allowed {
-        let error = egress_denied(&ctx.target, &decision.reasons);
+        let error = egress_refusal(&ctx.target, &decision);
         return Err(Stop::Deny(error, decision.reasons));
     }
     Ok(destination)
@@ -333,8 +340,18 @@ async fn credentials(
         &mut parts.headers,
         &mut ctx.path,
     )
-    .await
-    .map_err(Stop::deny)?;
+    .await;
+    let names = applied.as_ref().map(|a| &a.names[..]).unwrap_or_default();
+    let path = ctx.path.split('?').next().unwrap_or_default();
+    ctx.outcome.credential_notes = crate::credentials::notes::not_applied(
+        &state.credentials,
+        identity,
+        &view,
+        path,
+        names,
+        applied.as_ref().err(),
+    );
+    let applied = applied.map_err(Stop::deny)?;
     ctx.outcome.credentials = applied.names.clone();
     ctx.outcome.credential_types = applied.types();
     if identity.is_revoked() {

@@ -11,6 +11,8 @@
 //! - [`tunnel`]: for CONNECT, sniff the tunnel: TLS is terminated with a minted leaf (SNI
 //!   must equal the CONNECT host), plain HTTP is served as is, and anything else passes only
 //!   when the policy's action is `tunnel`; the tunnel ends when its identity is revoked;
+//!   a refused destination is answered inside the tunnel instead ([`deny_tunnel`]), so the
+//!   client shows the reason, or on the CONNECT (`deny_mode = "connect"`);
 //! - [`forward`]: every request inside, as named phases (admit, request policy, resolve,
 //!   credentials, upstream request, response);
 //! - [`upstream`]: pooled upstream connections that dial exactly the vetted addresses.
@@ -28,6 +30,7 @@ pub(crate) mod by_address;
 pub mod config;
 mod connect;
 mod decision;
+mod deny_tunnel;
 mod forward;
 mod hop;
 mod io;

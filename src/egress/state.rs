@@ -28,6 +28,8 @@ pub struct EgressState {
     pub(crate) upstreams: Arc<Upstreams>,
     pub log: DecisionLog,
     pub(crate) connections: Arc<Semaphore>,
+    /// Leaves minted for refused names, per identity (see [`super::deny_tunnel`]).
+    pub(crate) deny_leaves: Arc<super::deny_tunnel::DenyLeaves>,
     /// Kept to build each worker's own upstream pools.
     upstream_tls: rustls::ClientConfig,
 }
@@ -66,6 +68,9 @@ impl EgressState {
         Ok(EgressState {
             connections: Arc::new(Semaphore::new(config.max_connections)),
             upstreams: Arc::new(upstreams(&config, &upstream_tls)),
+            deny_leaves: Arc::new(super::deny_tunnel::DenyLeaves::new(
+                config.deny_leaves_per_minute,
+            )),
             config,
             identities,
             policy,

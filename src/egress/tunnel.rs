@@ -243,7 +243,7 @@ async fn serve_http<T>(
         let vetted = vetted.clone();
         let hold = hold.clone();
         // Each request inside the tunnel gets its own id, nested under the tunnel's span.
-        let span = tracing::debug_span!("request", request_id = %next_request_id());
+        let span = tracing::info_span!("egress.request", request_id = %next_request_id());
         forward::handle(state, target, scheme, Some(vetted), hold, req).instrument(span)
     };
     if !h2 {

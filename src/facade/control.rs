@@ -888,7 +888,7 @@ async fn create_snapshot(
     let request = crate::operations::snapshots::SnapshotRequest::default();
     match crate::operations::snapshots::take_snapshot(&state.ops, &caller, &id, &request).await {
         Ok(view) => {
-            let snapshot_id = view["snapshot"]["id"].as_str().unwrap_or_default();
+            let snapshot_id = view.snapshot.id.as_str();
             tracing::info!(sandbox = %id, snapshot = %snapshot_id, principal = %caller.principal, "e2b: snapshot taken");
             (
                 StatusCode::CREATED,

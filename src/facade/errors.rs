@@ -14,6 +14,7 @@
 //! | 501 `unsupported` | 501 | `unimplemented` |
 //! | 502 (provider) | 502 | `unavailable` |
 //! | 503 `creation_failed`, `overloaded` | 503 (`ServiceBusyException`) | `unavailable` |
+//! | 504 `upstream_timeout` (a provider did not answer in time) | 504 | `deadline_exceeded` |
 //! | other 5xx | 500 | `internal` |
 //!
 //! The message is `<sandgate code>: <message>`, then the policy's reasons (`reasons: a; b`)
@@ -64,7 +65,7 @@ pub fn message(e: &Error) -> String {
 pub fn api_error(e: &Error) -> Response {
     let (status, error_code) = match (reply::status(e.kind).as_u16(), e.code) {
         (409, "idempotency_conflict") => (422, Some("idempotency_request_mismatch")),
-        (s @ (400..=404 | 409 | 422 | 429 | 501..=503), _) => (s, None),
+        (s @ (400..=404 | 409 | 422 | 429 | 501..=504), _) => (s, None),
         (s, _) if s >= 500 => (500, None),
         (s, _) => (s, None),
     };
@@ -114,6 +115,8 @@ pub fn rpc_error(e: &Error) -> RpcError {
         429 => "resource_exhausted",
         501 => "unimplemented",
         502 | 503 => "unavailable",
+        // A provider that did not answer in time (`upstream_timeout`).
+        504 => "deadline_exceeded",
         _ => "internal",
     };
     RpcError::new(code, message(e))
@@ -168,5 +171,19 @@ mod tests {
             "{}",
             message(&e)
         );
+    }
+
+    #[test]
+    fn a_provider_that_did_not_answer_in_time_is_a_deadline_not_an_internal_error() {
+        let e = Error::new(
+            Kind::UpstreamTimeout,
+            "upstream_timeout",
+            "daytona could not be reached: operation timed out",
+        );
+        assert_eq!(rpc_error(&e).code, "deadline_exceeded");
+        assert_eq!(api_error(&e).status(), StatusCode::GATEWAY_TIMEOUT);
+        let failed = Error::new(Kind::Upstream, "provider_error", "daytona answered 500");
+        assert_eq!(rpc_error(&failed).code, "unavailable");
+        assert_eq!(api_error(&failed).status(), StatusCode::BAD_GATEWAY);
     }
 }

@@ -384,8 +384,26 @@ pub async fn send_signal(
             ))
         }
     }
-    let (pid, running) = state.processes.select(&call.row.id, &body["process"])?;
-    authorize_pid(state, call, pid).await?;
+    let selected = state.processes.select(&call.row.id, &body["process"]);
+    // A kill is a cancel: refused (`unimplemented`) where the provider cannot kill a command,
+    // rather than answered as done while the command goes on there. Authorized before the
+    // lookup, so a kind whose commands end before their first event (a buffered exec) says
+    // it cannot cancel rather than that the process is gone.
+    let pid_hint = match &selected {
+        Ok((pid, _)) => *pid,
+        Err(_) => integer(&body["process"]["pid"])
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0),
+    };
+    crate::operations::commands::authorize_cancel(
+        &state.ops,
+        &call.principal,
+        &call.row.id,
+        crate::operations::OperationDetail::ExecPid(pid_hint),
+    )
+    .await
+    .map_err(|e| rpc_error(&e))?;
+    let (pid, running) = selected?;
     (running.cancel)();
     tracing::info!(sandbox = %call.row.id, pid, principal = %call.principal.principal, "e2b: command killed");
     Ok(json!({}))

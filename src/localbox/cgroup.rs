@@ -37,6 +37,7 @@ pub(crate) struct Controllers {
     pub freezer: Option<PathBuf>,
     pub memory: Option<PathBuf>,
     pub cpu: Option<PathBuf>,
+    pub pids: Option<PathBuf>,
     pub unified: bool,
 }
 
@@ -79,6 +80,7 @@ impl Controllers {
             freezer: find("freezer", "freezer.state"),
             memory: find("memory", "memory.limit_in_bytes"),
             cpu: find("cpu", "cpu.cfs_quota_us"),
+            pids: find("pids", "pids.max"),
             unified: false,
         }
     }
@@ -103,11 +105,13 @@ impl Controllers {
         // Enable what the gateway's own group delegates, for the sandbox groups below.
         let _ = write(&base.join("cgroup.subtree_control"), "+memory");
         let _ = write(&base.join("cgroup.subtree_control"), "+cpu");
+        let _ = write(&base.join("cgroup.subtree_control"), "+pids");
         let enabled = fs::read_to_string(base.join("cgroup.subtree_control")).unwrap_or_default();
         let has = |c: &str| enabled.split_whitespace().any(|e| e == c);
         Controllers {
             memory: has("memory").then(|| base.clone()),
             cpu: has("cpu").then(|| base.clone()),
+            pids: has("pids").then(|| base.clone()),
             freezer: Some(base),
             unified: true,
         }
@@ -163,6 +167,7 @@ pub(crate) struct SandboxCgroups {
     pub freezer: Option<PathBuf>,
     pub memory: Option<PathBuf>,
     pub cpu: Option<PathBuf>,
+    pub pids: Option<PathBuf>,
     /// v2: one group holds everything; processes live only in its leaves.
     pub unified: bool,
 }
@@ -180,16 +185,25 @@ impl SandboxCgroups {
         };
         let freezer = make(&controllers.freezer)?;
         let unified = controllers.unified;
-        let (memory, cpu) = if unified {
+        let (memory, cpu, pids) = if unified {
             let same = |c: &Option<PathBuf>| c.as_ref().and(freezer.clone());
-            (same(&controllers.memory), same(&controllers.cpu))
+            (
+                same(&controllers.memory),
+                same(&controllers.cpu),
+                same(&controllers.pids),
+            )
         } else {
-            (make(&controllers.memory)?, make(&controllers.cpu)?)
+            (
+                make(&controllers.memory)?,
+                make(&controllers.cpu)?,
+                make(&controllers.pids)?,
+            )
         };
         Ok(SandboxCgroups {
             freezer,
             memory,
             cpu,
+            pids,
             unified,
         })
     }
@@ -202,6 +216,7 @@ impl SandboxCgroups {
             freezer: find(&controllers.freezer),
             memory: find(&controllers.memory),
             cpu: find(&controllers.cpu),
+            pids: find(&controllers.pids),
             unified: controllers.unified,
         }
     }
@@ -251,6 +266,34 @@ impl SandboxCgroups {
         Ok(read_trim(&dir.join("cpu.cfs_quota_us"))? == quota.to_string())
     }
 
+    /// Sets and reads back the limit on processes (threads included); `Ok(false)` when
+    /// there is no pids group.
+    pub fn set_pids(&self, max: u64) -> io::Result<bool> {
+        let Some(dir) = &self.pids else {
+            return Ok(false);
+        };
+        write(&dir.join("pids.max"), &max.to_string())?;
+        Ok(read_trim(&dir.join("pids.max"))? == max.to_string())
+    }
+
+    /// How often the kernel held the sandbox to its limits so far: processes killed for
+    /// memory (`oom_kill`) and forks refused at the process limit (`pids.events` `max`).
+    pub fn limit_hits(&self) -> (u64, u64) {
+        let oom = self.memory.as_ref().map_or(0, |dir| {
+            let file = if self.unified {
+                "memory.events"
+            } else {
+                "memory.oom_control"
+            };
+            counter(&dir.join(file), "oom_kill")
+        });
+        let forks = self
+            .pids
+            .as_ref()
+            .map_or(0, |dir| counter(&dir.join("pids.events"), "max"));
+        (oom, forks)
+    }
+
     /// Creates the freezer child group `name` (an exec or the init) and returns it.
     pub fn freezer_child(&self, name: &str) -> io::Result<Option<PathBuf>> {
         let Some(dir) = &self.freezer else {
@@ -269,11 +312,15 @@ impl SandboxCgroups {
     pub fn join_files(&self, freezer_group: Option<&Path>) -> Vec<CString> {
         let limits = if self.unified {
             // One hierarchy: the leaf is below the limited group already.
-            [None, None]
+            [None, None, None]
         } else {
-            [self.memory.as_deref(), self.cpu.as_deref()]
+            [
+                self.memory.as_deref(),
+                self.cpu.as_deref(),
+                self.pids.as_deref(),
+            ]
         };
-        [freezer_group, limits[0], limits[1]]
+        [freezer_group, limits[0], limits[1], limits[2]]
             .into_iter()
             .flatten()
             .filter_map(|dir| CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).ok())
@@ -286,7 +333,7 @@ impl SandboxCgroups {
         if let Some(dir) = &self.freezer {
             collect_pids(dir, &mut out);
         } else {
-            for dir in [&self.memory, &self.cpu].into_iter().flatten() {
+            for dir in [&self.memory, &self.cpu, &self.pids].into_iter().flatten() {
                 collect_pids(dir, &mut out);
             }
         }
@@ -297,7 +344,7 @@ impl SandboxCgroups {
 
     /// Removes the groups (children first). Fails while a process remains in them.
     pub fn remove(&self) -> io::Result<()> {
-        for dir in [&self.freezer, &self.memory, &self.cpu]
+        for dir in [&self.freezer, &self.memory, &self.cpu, &self.pids]
             .into_iter()
             .flatten()
         {
@@ -305,6 +352,15 @@ impl SandboxCgroups {
         }
         Ok(())
     }
+}
+
+/// The value of `key` in a flat-keyed cgroup file (`key value` lines); 0 when absent.
+fn counter(path: &Path, key: &str) -> u64 {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn collect_pids(dir: &Path, out: &mut Vec<u32>) {

@@ -62,7 +62,7 @@ impl ExecHandle {
         let _ = self.cancel.send(true);
     }
 
-    /// Host process id of the exec's leader (the `nsenter` that entered the sandbox).
+    /// Host process id of the command (0 when it could not be started).
     pub fn pid(&self) -> u32 {
         self.pid
     }
@@ -161,6 +161,25 @@ pub(crate) fn drive(
         cancel: cancel_tx,
         pid,
     })
+}
+
+/// The stream of a command that could not be started (not found, not executable): its
+/// message on stderr and the shell's exit code for it, as a shell inside the sandbox
+/// would answer.
+pub(crate) fn failed(code: i32, message: String) -> ExecHandle {
+    let (tx, rx) = mpsc::channel(2);
+    let _ = tx.try_send(ExecEvent::Stderr(Bytes::from(message)));
+    let _ = tx.try_send(ExecEvent::Exit(ExitInfo {
+        code: Some(code),
+        signal: None,
+        reason: ExitReason::Exited,
+    }));
+    let (cancel, _) = watch::channel(false);
+    ExecHandle {
+        events: rx,
+        cancel,
+        pid: 0,
+    }
 }
 
 /// After the command exits, how long to wait for its pipes to reach EOF (background

@@ -17,12 +17,16 @@
 //!   `/tmp`; a fresh `/proc` for its PID namespace; a minimal `/dev`; the gateway CA at
 //!   `/sandgate/ca.pem`. The root itself is read-only inside the sandbox;
 //! * **PID, mount, UTS and IPC namespaces** held by an init process (a reaping shell,
-//!   PID 1 of the sandbox) that every exec joins with `nsenter`. Mounts exist only in the
+//!   PID 1 of the sandbox) that every exec joins (see `enter`). Mounts exist only in the
 //!   sandbox's mount namespace; nothing is mounted on the host besides the netns handle
 //!   `ip netns add` creates;
 //! * an **unprivileged user** (`uid`/`gid` of [`RuntimeConfig`], default 65534) for every
 //!   exec: no capabilities, no supplementary groups, setuid binaries neutralized by
 //!   `nosuid`;
+//! * a **seccomp filter** on every exec ([`seccomp::REFUSED`]: new namespaces, kernel
+//!   modules, tracing, keyring, bpf, mounts, ...; refused with `EPERM`), installed with
+//!   `no_new_privs` just before `execve`. The init (a sleep loop of ours that runs nothing
+//!   of the workload's) is not filtered: it mounts the sandbox's file system;
 //! * **cgroups** under the gateway's own group ([`CgroupMode`]): v1 (`freezer`, `memory`,
 //!   `cpu` hierarchies, each when mounted and writable) or v2 (`cgroup.freeze`,
 //!   `cgroup.kill`; `memory.max` and `cpu.max` only where the gateway's group delegates
@@ -71,8 +75,11 @@
 //!   are not used (yet).
 
 mod cgroup;
+mod enter;
 mod exec;
 mod fs;
+mod limits;
+pub mod seccomp;
 mod usage;
 
 use std::collections::{BTreeMap, HashMap};
@@ -89,6 +96,7 @@ use tokio::process::Command;
 
 pub use cgroup::CgroupMode;
 pub use exec::{ExecCanceller, ExecEvent, ExecHandle, ExecOutput, ExitInfo, ExitReason};
+pub use limits::LimitHits;
 pub use usage::Usage;
 
 /// The variables that carry the path of the gateway CA inside the sandbox.
@@ -223,6 +231,10 @@ pub struct Limits {
     pub memory_bytes: Option<u64>,
     /// Thousandths of a CPU (1000 = one full CPU).
     pub cpu_millis: Option<u32>,
+    /// Processes and threads alive at once.
+    pub pids: Option<u64>,
+    /// Size of the file system holding `/home/user` and `/tmp` together.
+    pub disk_bytes: Option<u64>,
 }
 
 /// What the runtime can enforce on this machine.
@@ -234,6 +246,11 @@ pub struct Capabilities {
     pub freezer: bool,
     pub memory_limit: bool,
     pub cpu_limit: bool,
+    pub pids_limit: bool,
+    /// A size limit on the writable areas (mkfs.ext4 and a loop device that mounts).
+    pub disk_limit: bool,
+    /// Every exec runs under the seccomp filter ([`seccomp::REFUSED`]).
+    pub seccomp: bool,
 }
 
 /// What is enforced for one sandbox.
@@ -244,6 +261,8 @@ pub struct Enforced {
     /// The memory limit in force (read back from the kernel), if one was asked for.
     pub memory_bytes: Option<u64>,
     pub cpu_millis: Option<u32>,
+    pub pids: Option<u64>,
+    pub disk_bytes: Option<u64>,
     /// Whether pause/resume is available (freezer).
     pub pausable: bool,
     pub uid: u32,
@@ -315,6 +334,8 @@ struct Tools {
     nsenter: PathBuf,
     unshare: PathBuf,
     tar: PathBuf,
+    /// For a disk limit; optional, the limit is unavailable without it.
+    mkfs: Option<PathBuf>,
 }
 
 /// The local sandbox runtime. Share it behind an `Arc`; all methods take `&self`.
@@ -330,6 +351,8 @@ pub struct LocalRuntime {
     tools: Tools,
     controllers: cgroup::Controllers,
     layout: Vec<BaseEntry>,
+    /// The seccomp filter every exec installs; `None` where it is not available.
+    filter: Option<Arc<seccomp::Filter>>,
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
 }
 
@@ -405,11 +428,12 @@ impl LocalRuntime {
     /// Checks privileges and tools, probes cgroups and prepares `base_dir`.
     pub fn new(config: RuntimeConfig) -> Result<LocalRuntime> {
         check_privileges()?;
-        let tools = Tools {
+        let mut tools = Tools {
             ip: find_tool("ip")?,
             nsenter: find_tool("nsenter")?,
             unshare: find_tool("unshare")?,
             tar: find_tool("tar")?,
+            mkfs: find_tool("mkfs.ext4").ok(),
         };
         for tool in ["bash", "mount", "chroot", "mknod", "sleep"] {
             find_tool(tool)?;
@@ -424,13 +448,17 @@ impl LocalRuntime {
             .canonicalize()
             .map_err(|e| LocalboxError::setup("resolving base_dir", e))?;
         let controllers = cgroup::Controllers::probe(&config.cgroup_name, config.cgroups);
+        // Only a disk that was really made and mounted counts as a disk limit here.
+        tools.mkfs = tools.mkfs.filter(|mkfs| limits::disk_works(mkfs, &base));
         let layout = base_layout(&config)?;
+        let filter = seccomp_filter()?;
         Ok(LocalRuntime {
             config,
             base,
             tools,
             controllers,
             layout,
+            filter,
             sandboxes: Mutex::new(HashMap::new()),
         })
     }
@@ -444,6 +472,9 @@ impl LocalRuntime {
             freezer: self.controllers.freezer.is_some(),
             memory_limit: self.controllers.memory.is_some(),
             cpu_limit: self.controllers.cpu.is_some(),
+            pids_limit: self.controllers.pids.is_some(),
+            disk_limit: self.tools.mkfs.is_some(),
+            seccomp: self.filter.is_some(),
         }
     }
 
@@ -484,16 +515,7 @@ impl LocalRuntime {
         validate_id(&spec.id)?;
         let port = proxy_port(&spec.proxy_url)?;
         let env = self.base_env(&spec)?;
-        if spec.limits.memory_bytes.is_some() && self.controllers.memory.is_none() {
-            return Err(LocalboxError::Unsupported(
-                "memory limit: no usable memory controller (cgroup v1 memory, or v2 memory delegated to the gateway)".into(),
-            ));
-        }
-        if spec.limits.cpu_millis.is_some() && self.controllers.cpu.is_none() {
-            return Err(LocalboxError::Unsupported(
-                "cpu limit: no usable cpu controller (cgroup v1 cpu, or v2 cpu delegated to the gateway)".into(),
-            ));
-        }
+        self.check_limits(&spec)?;
         let dir = self.base.join(&spec.id);
         let netns = self.netns_name(&spec.id);
         let sandbox = {
@@ -548,29 +570,16 @@ impl LocalRuntime {
             namespaces: vec!["net", "pid", "mount", "uts", "ipc"],
             memory_bytes: None,
             cpu_millis: None,
+            pids: None,
+            disk_bytes: None,
             pausable: sandbox.cgroups.freezer.is_some(),
             uid: self.config.uid,
             gid: self.config.gid,
         };
-        if let Some(bytes) = spec.limits.memory_bytes {
-            match sandbox.cgroups.set_memory(bytes) {
-                Ok(true) => enforced.memory_bytes = Some(bytes),
-                Ok(false) => {
-                    return Err(LocalboxError::Unsupported(
-                        "memory limit did not take".into(),
-                    ))
-                }
-                Err(e) => return Err(LocalboxError::setup("setting the memory limit", e)),
-            }
-        }
-        if let Some(millis) = spec.limits.cpu_millis {
-            match sandbox.cgroups.set_cpu(millis) {
-                Ok(true) => enforced.cpu_millis = Some(millis),
-                Ok(false) => {
-                    return Err(LocalboxError::Unsupported("cpu limit did not take".into()))
-                }
-                Err(e) => return Err(LocalboxError::setup("setting the cpu limit", e)),
-            }
+        self.apply_cgroup_limits(&sandbox, spec, &mut enforced)?;
+        if let Some(bytes) = spec.limits.disk_bytes {
+            self.limit_disk(&sandbox, bytes).await?;
+            enforced.disk_bytes = Some(bytes);
         }
 
         let listener = bind_in_netns(&sandbox.netns, port).await?;
@@ -674,7 +683,7 @@ impl LocalRuntime {
         const SCRIPT: &str = r#"set -eu
 R=$1; H=$2; shift 2
 printf '%s' "$H" > /proc/sys/kernel/hostname
-mount --bind "$R" "$R"
+mount --rbind "$R" "$R"
 while [ "$#" -gt 0 ]; do
   case "$1" in
     ro) mount --rbind "$2" "$R$3"; mount -o remount,bind,ro,nosuid,nodev "$R$3"; shift 3 ;;
@@ -816,26 +825,7 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
     /// Runs a command in a running sandbox and streams its output (see the module docs).
     pub async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecHandle> {
         let sandbox = self.get(id)?;
-        if request.argv.is_empty() || request.argv[0].is_empty() {
-            return Err(LocalboxError::Invalid("argv must not be empty".into()));
-        }
-        if request.argv.iter().any(|a| a.contains('\0')) {
-            return Err(LocalboxError::Invalid("argv contains a NUL byte".into()));
-        }
-        let cwd = match &request.cwd {
-            Some(cwd) => format!("/{}", fs::components(cwd)?.join("/")),
-            None => HOME_DIR.to_string(),
-        };
-        let mut env: BTreeMap<String, String> = sandbox.env.iter().cloned().collect();
-        for (key, value) in &request.env {
-            check_var(key, value)?;
-            if managed_var(key) {
-                return Err(LocalboxError::Invalid(format!(
-                    "environment variable {key} is set by the gateway"
-                )));
-            }
-            env.insert(key.clone(), value.clone());
-        }
+        let (cwd, env) = exec_setting(&sandbox, &request)?;
         let life = sandbox.life.lock().await;
         let init = match (&life.status, &life.init) {
             (SandboxStatus::Running, Some(init)) => init,
@@ -854,14 +844,26 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             .freezer_child(&format!("x{seq}"))
             .map_err(|e| LocalboxError::setup("creating the exec cgroup", e))?;
         let join = sandbox.cgroups.join_files(freezer.as_deref());
-        let mut cmd = Command::new(&self.tools.nsenter);
-        cmd.arg(format!("--target={}", init.pid1))
-            .args(["--net", "--pid", "--mount", "--uts", "--ipc", "--root"])
-            .arg(format!("--wdns={cwd}"))
-            .arg(format!("--setuid={}", self.config.uid))
-            .arg(format!("--setgid={}", self.config.gid))
-            .arg("--")
-            .args(&request.argv)
+        let remove_group = || {
+            if let Some(dir) = &freezer {
+                let _ = std::fs::remove_dir(dir);
+            }
+        };
+        let (entry, pidns) = match enter::Entry::open(
+            init.pid1,
+            &cwd,
+            self.config.uid,
+            self.config.gid,
+            self.filter.clone(),
+        ) {
+            Ok(opened) => opened,
+            Err(e) => {
+                remove_group();
+                return Err(LocalboxError::setup("entering the sandbox", e));
+            }
+        };
+        let mut cmd = Command::new(&request.argv[0]);
+        cmd.args(&request.argv[1..])
             .env_clear()
             .envs(env)
             .stdin(Stdio::null())
@@ -870,16 +872,16 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             .process_group(0)
             .kill_on_drop(true);
         join_cgroups_before_exec(&mut cmd, join);
-        let child = match cmd.spawn() {
+        entry.before_exec(&mut cmd);
+        let spawned = enter::spawn_in_pid_ns(pidns, cmd).await;
+        drop(life);
+        let child = match spawned {
             Ok(child) => child,
             Err(e) => {
-                if let Some(dir) = &freezer {
-                    let _ = std::fs::remove_dir(dir);
-                }
-                return Err(LocalboxError::setup("starting the exec", e));
+                remove_group();
+                return not_started(&request.argv[0], e);
             }
         };
-        drop(life);
         let pgid = child.id().unwrap_or(0);
         exec::drive(child, exec::Killer { freezer, pgid }, request.timeout)
             .map_err(|e| LocalboxError::setup("starting the exec", e))
@@ -1121,8 +1123,9 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
                 .await
                 .map_err(|e| LocalboxError::setup("ip netns delete", e))?;
         }
-        // Nothing is ever mounted below the directory on the host; refuse to recurse into
-        // it if something is (it would be a host directory).
+        // Only the disk limit's mounts are ever made below the directory on the host;
+        // refuse to recurse into it if anything else is (it would be a host directory).
+        limits::unmount_below(&sandbox.dir);
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         if let Some(line) = mountinfo.lines().find(|l| {
             l.split_whitespace()
@@ -1212,6 +1215,56 @@ fn base_layout(config: &RuntimeConfig) -> Result<Vec<BaseEntry>> {
         });
     }
     Ok(out)
+}
+
+/// An exec's working directory and environment, checked.
+fn exec_setting(
+    sandbox: &Sandbox,
+    request: &ExecRequest,
+) -> Result<(String, BTreeMap<String, String>)> {
+    if request.argv.is_empty() || request.argv[0].is_empty() {
+        return Err(LocalboxError::Invalid("argv must not be empty".into()));
+    }
+    if request.argv.iter().any(|a| a.contains('\0')) {
+        return Err(LocalboxError::Invalid("argv contains a NUL byte".into()));
+    }
+    let cwd = match &request.cwd {
+        Some(cwd) => format!("/{}", fs::components(cwd)?.join("/")),
+        None => HOME_DIR.to_string(),
+    };
+    let mut env: BTreeMap<String, String> = sandbox.env.iter().cloned().collect();
+    for (key, value) in &request.env {
+        check_var(key, value)?;
+        if managed_var(key) {
+            return Err(LocalboxError::Invalid(format!(
+                "environment variable {key} is set by the gateway"
+            )));
+        }
+        env.insert(key.clone(), value.clone());
+    }
+    Ok((cwd, env))
+}
+
+/// The filter where this build and kernel can install one; a list that does not compile
+/// is a bug, not a missing feature, and stops the runtime.
+fn seccomp_filter() -> Result<Option<Arc<seccomp::Filter>>> {
+    if !seccomp::supported() {
+        return Ok(None);
+    }
+    seccomp::Filter::new()
+        .map(|f| Some(Arc::new(f)))
+        .map_err(|e| LocalboxError::setup("compiling the seccomp filter", e))
+}
+
+/// A command that could not be started answers as a shell would (127 when it does not
+/// exist, 126 when it cannot be executed); any other failure is the runtime's.
+fn not_started(program: &str, e: std::io::Error) -> Result<ExecHandle> {
+    let code = match e.kind() {
+        std::io::ErrorKind::NotFound => 127,
+        std::io::ErrorKind::PermissionDenied => 126,
+        _ => return Err(LocalboxError::setup("starting the exec", e)),
+    };
+    Ok(exec::failed(code, format!("sandgate: {program}: {e}\n")))
 }
 
 /// Sets up a pre-exec hook that moves the child into the given `cgroup.procs` files.

@@ -110,6 +110,7 @@ impl Groups {
             freezer: self.freezer.clone(),
             memory: self.memory.clone(),
             cpu: self.cpu.clone(),
+            pids: None,
             unified: self.unified,
         };
         let mut pids = cgroups.pids();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{OpsContext, Principal};
 use crate::create::Located;
-use crate::error::{Details, Error, Kind};
+use crate::error::{Blame, Details, Error, Kind, Retry};
 pub use crate::policy::input::OperationDetail;
 use crate::policy::input::{operation_input, SandboxFacts};
 use crate::policy::Layer;
@@ -52,6 +52,9 @@ pub(crate) fn op_failed(ctx: &OpsContext, id: &str, e: OpError) -> Error {
 }
 
 /// A provider's error as the reply: its kind picks the status, its code and message pass.
+/// A provider that did not answer in time is 504 `upstream_timeout`, not 502: the provider
+/// is to blame and a later retry may succeed, but whether it applied the operation is
+/// unknown, so a caller resends only what is safe to do twice.
 pub(crate) fn op_error(e: OpError) -> Error {
     let kind = match e.kind {
         OpErrorKind::NotFound => Kind::NotFound,
@@ -59,6 +62,11 @@ pub(crate) fn op_error(e: OpError) -> Error {
         OpErrorKind::Conflict => Kind::Conflict,
         OpErrorKind::Unsupported => Kind::Unsupported,
         OpErrorKind::Provider => Kind::Upstream,
+        OpErrorKind::TimedOut => {
+            return Error::new(Kind::UpstreamTimeout, e.code(), e.message)
+                .blame(Blame::Upstream)
+                .retry(Retry::Yes)
+        }
     };
     Error::new(kind, e.code(), e.message)
 }

@@ -1,7 +1,7 @@
 //! Snapshots: taking one of a live sandbox (`sandgate.lifecycle`, `snapshot`) and deleting
 //! one of the caller's workspace.
 
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use super::authorize::{authorize, instance, invalid, not_found, op_error, op_failed};
 use super::files::MAX_PATH_BYTES;
@@ -61,6 +61,17 @@ impl SnapshotRequest {
     }
 }
 
+/// The answer to a snapshot: the snapshot, and what a filesystem export moved. The API
+/// serializes this type, so the OpenAPI document's schema is what the gateway answers.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct SnapshotTaken {
+    pub snapshot: SnapshotRow,
+    /// A filesystem export's files, directories, bytes and skipped entries (absent for a
+    /// provider snapshot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub export: Option<crate::providers::export::Summary>,
+}
+
 /// Authorizes (`sandgate.lifecycle`, `snapshot` with `input.snapshot`) and takes a snapshot
 /// of a live sandbox: `{snapshot: {id, kind, ...}, export?}`. The request is checked first.
 pub async fn take_snapshot(
@@ -68,7 +79,7 @@ pub async fn take_snapshot(
     caller: &Principal,
     id: &str,
     request: &SnapshotRequest,
-) -> Result<Value, Error> {
+) -> Result<SnapshotTaken, Error> {
     request.check()?;
     let detail = OperationDetail::Snapshot {
         kind: request.kind.as_deref().unwrap_or("provider"),
@@ -100,12 +111,18 @@ pub async fn take_snapshot(
     row.id = info.id.clone();
     row.size_bytes = info.size_bytes as i64;
     if let Err(e) = ctx.sandboxes.store().insert_snapshot(&row, None).await {
+        // A snapshot sandgate does not know of would be kept (and billed) at the provider
+        // with nothing to delete it by.
         let _ = adapter.delete_snapshot(&info.id).await;
-        return Err(crate::create::internal(format!(
-            "recording the snapshot: {e}"
-        )));
+        tracing::warn!(sandbox = %id, snapshot = %info.id, "recording the snapshot failed; the provider's copy was deleted");
+        // The store's own error, not a string of it: `internal` answers 503
+        // `store_unavailable` when the store is unreachable, 500 otherwise.
+        return Err(crate::create::internal(e));
     }
-    Ok(json!({"snapshot": row}))
+    Ok(SnapshotTaken {
+        snapshot: row,
+        export: None,
+    })
 }
 
 /// A filesystem export: the files under the request's roots, read through the files API
@@ -116,7 +133,7 @@ async fn export(
     instance: &str,
     request: &SnapshotRequest,
     mut row: SnapshotRow,
-) -> Result<Value, Error> {
+) -> Result<SnapshotTaken, Error> {
     let roots = request
         .paths
         .clone()
@@ -135,8 +152,14 @@ async fn export(
         .store()
         .insert_snapshot(&row, Some(&archive))
         .await
-        .map_err(|e| crate::create::internal(format!("recording the export: {e}")))?;
-    Ok(json!({"snapshot": row, "export": summary}))
+        .map_err(|e| {
+            tracing::warn!(sandbox = %row.sandbox_id, "recording the filesystem export failed");
+            crate::create::internal(e)
+        })?;
+    Ok(SnapshotTaken {
+        snapshot: row,
+        export: Some(summary),
+    })
 }
 
 /// Deletes a snapshot of the caller's workspace (and the provider's copy, for a provider

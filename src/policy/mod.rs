@@ -23,10 +23,12 @@
 //!   ([`PolicyEngine::set_decision_log`]), writes one OPA-shaped record. Nothing is built for
 //!   the log when it is off: the egress path evaluates per request.
 
+pub mod audit;
 pub mod input;
 mod probe;
 pub mod replay;
 pub mod scope;
+pub mod suggest;
 pub mod testing;
 
 use std::cell::RefCell;
@@ -77,6 +79,10 @@ pub struct Decision {
     pub reasons: Vec<String>,
     /// The egress action (`inspect` unless the policy says otherwise).
     pub action: String,
+    /// Egress: how a refusal is answered (`in_tunnel` or `connect`), when the policy's
+    /// `deny_mode` rule says (a workspace scope's before the platform's); `None` leaves it
+    /// to `[proxy] deny_mode`.
+    pub deny_mode: Option<String>,
     pub generation: u64,
     pub eval_time: Duration,
     /// The decision log record's id, when one was written (to correlate a refusal with it).
@@ -90,6 +96,8 @@ pub struct Decision {
     /// For a layer whose caller writes its own record (egress), while a log is attached:
     /// what that record must carry to be replayed (id, complete input, the policy's answer).
     pub logged: Option<Arc<LoggedEval>>,
+    /// Refusals recorded but not enforced ([`audit`]): non-empty only when `allowed`.
+    pub would_deny: Vec<String>,
 }
 
 /// The platform scope's name.
@@ -113,6 +121,8 @@ struct Generation {
     platform_scope: Arc<str>,
     /// Layers and scopes left to the interpreter because the bytecode disagreed.
     fallbacks: Vec<Fallback>,
+    /// Layers audited as a whole (`data.sandgate.audit.layers`, see [`audit`]).
+    audited: Vec<&'static str>,
 }
 
 /// A layer (in a scope) evaluated by the interpreter although bytecode was chosen, because
@@ -151,6 +161,8 @@ struct LayerProgram {
     allow: Option<String>,
     deny: Option<String>,
     action: Option<String>,
+    deny_mode: Option<String>,
+    audit: Option<String>,
 }
 
 /// One scope's answer before composition.
@@ -160,6 +172,10 @@ struct Verdict {
     deny: Vec<String>,
     /// `None` when the rules do not set it.
     action: Option<String>,
+    /// `None` when the rules do not set it.
+    deny_mode: Option<String>,
+    /// `audit_deny` reasons: recorded, not enforced ([`audit`]).
+    audit: Vec<String>,
 }
 
 /// What `/healthz` and the API report about policy.
@@ -579,7 +595,9 @@ impl PolicyEngine {
                 (Ok(_), Some((scope, Err(e)))) => (self.eval_error(layer, &scope.name, e), "error"),
                 (Ok(platform), scoped) => {
                     let scoped = scoped.and_then(|(scope, v)| v.ok().map(|v| (&scope.name, v)));
-                    let decision = compose(&generation.platform_scope, platform, scoped);
+                    let mut decision = compose(&generation.platform_scope, platform, scoped);
+                    let audited = generation.audited.contains(&layer);
+                    audit::settle(layer, &mut decision, audited);
                     let outcome = if decision.allowed { "allow" } else { "deny" };
                     (decision, outcome)
                 }
@@ -672,7 +690,15 @@ impl PolicyEngine {
                 Some(rule) => vm.execute_entry_point_by_name(rule)?,
                 None => Value::Undefined,
             };
-            Ok(verdict(&allow, &deny, &action))
+            let deny_mode = match &program.deny_mode {
+                Some(rule) => vm.execute_entry_point_by_name(rule)?,
+                None => Value::Undefined,
+            };
+            let audit = match &program.audit {
+                Some(rule) => vm.execute_entry_point_by_name(rule)?,
+                None => Value::Undefined,
+            };
+            Ok(verdict(&allow, &deny, &action, &audit).with_deny_mode(&deny_mode))
         })
     }
 
@@ -696,7 +722,13 @@ impl PolicyEngine {
             engine.eval_rule(rule.to_string())
         })?;
         let field = |name: &str| value[name].clone();
-        Ok(verdict(&field("allow"), &field("deny"), &field("action")))
+        Ok(verdict(
+            &field("allow"),
+            &field("deny"),
+            &field("action"),
+            &field(audit::AUDIT_RULE),
+        )
+        .with_deny_mode(&field("deny_mode")))
     }
 }
 
@@ -722,12 +754,14 @@ fn refusal(reason: String, scope: &Arc<str>) -> Decision {
         allowed: false,
         reasons: vec![reason],
         action: "inspect".into(),
+        deny_mode: None,
         generation: 0,
         eval_time: Duration::ZERO,
         decision_id: None,
         deny_scope: Some(scope.clone()),
         default_deny: false,
         logged: None,
+        would_deny: Vec::new(),
     }
 }
 
@@ -741,17 +775,20 @@ fn compose(
     scoped: Option<(&Arc<str>, Verdict)>,
 ) -> Decision {
     let mut action = platform.action.unwrap_or_else(|| "inspect".into());
+    let mut deny_mode = platform.deny_mode;
     let mut allowed = platform.allow && platform.deny.is_empty();
     let mut deny_scope = None;
     if !platform.deny.is_empty() {
         deny_scope = Some(platform_name.clone());
     }
     let mut reasons = platform.deny;
+    let mut would_deny = platform.audit;
     let mut missing_allow = (!platform.allow).then(|| platform_name.clone());
     if let Some((name, scope)) = scoped {
         if scope.action.as_deref() == Some("inspect") {
             action = "inspect".into();
         }
+        deny_mode = scope.deny_mode.or(deny_mode);
         allowed = allowed && scope.allow && scope.deny.is_empty();
         if deny_scope.is_none() && !scope.deny.is_empty() {
             deny_scope = Some(name.clone());
@@ -760,6 +797,7 @@ fn compose(
             missing_allow = Some(name.clone());
         }
         reasons.extend(scope.deny);
+        would_deny.extend(scope.audit);
     }
     let default_deny = !allowed && reasons.is_empty();
     if !allowed {
@@ -777,25 +815,27 @@ fn compose(
         allowed,
         reasons: if allowed { Vec::new() } else { reasons },
         action,
+        deny_mode,
         generation: 0,
         eval_time: Duration::ZERO,
         decision_id: None,
         deny_scope: if allowed { None } else { deny_scope },
         default_deny,
         logged: None,
+        // The audit reasons, for [`audit::settle`] to keep or drop.
+        would_deny,
     }
 }
 
-/// What a decision's record says about it: a new id, the input minus secrets, and
-/// `{allow, deny, action (egress), scope (when refused)}`.
+/// What a decision's record says about it: a new id, the input (made loggable later, on the
+/// log's writer thread), and `{allow, deny, action (egress), scope (when refused)}`.
 fn logged_eval(
     log: &DecisionLog,
     layer: &'static str,
     decision: &Decision,
     input: &Value,
 ) -> LoggedEval {
-    let mut input = serde_json::to_value(input).unwrap_or(serde_json::Value::Null);
-    log.redact(&mut input);
+    let input = log.loggable(input);
     let deny: &[String] = if decision.allowed {
         &[]
     } else {
@@ -807,6 +847,9 @@ fn logged_eval(
     }
     if let Some(scope) = &decision.deny_scope {
         result["scope"] = (**scope).into();
+    }
+    if !decision.would_deny.is_empty() {
+        result["would_deny"] = decision.would_deny.clone().into();
     }
     LoggedEval {
         decision_id: crate::decision_log::new_decision_id(),
@@ -845,26 +888,41 @@ fn write_record(
     decision_id
 }
 
-fn verdict(allow: &Value, deny: &Value, action: &Value) -> Verdict {
+fn verdict(allow: &Value, deny: &Value, action: &Value, audit: &Value) -> Verdict {
     let allow = allow.as_bool().ok().copied().unwrap_or(false);
-    let mut reasons: Vec<String> = Vec::new();
-    if let Ok(set) = deny.as_set() {
-        for reason in set.iter() {
-            reasons.push(value_text(reason));
-        }
-    } else if let Ok(array) = deny.as_array() {
-        for reason in array.iter() {
-            reasons.push(value_text(reason));
-        }
-    }
     let action = match action {
         Value::String(s) if !s.is_empty() => Some(s.to_string()),
         _ => None,
     };
     Verdict {
         allow,
-        deny: reasons,
+        deny: reason_list(deny),
         action,
+        deny_mode: None,
+        audit: reason_list(audit),
+    }
+}
+
+impl Verdict {
+    /// The verdict with the `deny_mode` rule's value (a non-empty string), if any.
+    fn with_deny_mode(mut self, deny_mode: &Value) -> Verdict {
+        if let Value::String(s) = deny_mode {
+            if !s.is_empty() {
+                self.deny_mode = Some(s.to_string());
+            }
+        }
+        self
+    }
+}
+
+/// The strings of a `deny`-like rule's set (or array); nothing when undefined.
+fn reason_list(value: &Value) -> Vec<String> {
+    if let Ok(set) = value.as_set() {
+        set.iter().map(value_text).collect()
+    } else if let Ok(array) = value.as_array() {
+        array.iter().map(value_text).collect()
+    } else {
+        Vec::new()
     }
 }
 
@@ -885,7 +943,9 @@ import rego.v1
 allow := x if {{ x := data.sandgate.{layer}.allow }} else := false
 deny := x if {{ x := data.sandgate.{layer}.deny }} else := set()
 action := x if {{ x := data.sandgate.{layer}.action }} else := "inspect"
-decision := {{"allow": allow, "deny": deny, "action": action}}
+deny_mode := x if {{ x := data.sandgate.{layer}.deny_mode }} else := ""
+audit_deny := x if {{ x := data.sandgate.{layer}.audit_deny }} else := set()
+decision := {{"allow": allow, "deny": deny, "action": action, "deny_mode": deny_mode, "audit_deny": audit_deny}}
 "#
     )
 }
@@ -906,7 +966,9 @@ import rego.v1
 {allow}
 deny := x if {{ x := {rules}.deny }} else := set()
 action := x if {{ x := {rules}.action }} else := ""
-decision := {{"allow": allow, "deny": deny, "action": action}}
+deny_mode := x if {{ x := {rules}.deny_mode }} else := ""
+audit_deny := x if {{ x := {rules}.audit_deny }} else := set()
+decision := {{"allow": allow, "deny": deny, "action": action, "deny_mode": deny_mode, "audit_deny": audit_deny}}
 "#
     )
 }
@@ -1153,6 +1215,7 @@ fn finish_generation(
             .eval_rule(rule)
             .map_err(|e| PolicyError::Compile(e.to_string()))?;
     }
+    let audited = audit::audited_layers(&mut engine)?;
     let data = engine.get_data();
     let mut programs = HashMap::new();
     for layer in present_layers
@@ -1234,6 +1297,7 @@ fn finish_generation(
         scoped,
         platform_scope: PLATFORM_SCOPE.into(),
         fallbacks,
+        audited,
     })
 }
 
@@ -1268,13 +1332,21 @@ fn disagreement(
             };
             let deny = rule(&program.deny, &mut vm)?;
             let action = rule(&program.action, &mut vm)?;
-            Ok(verdict(&allow, &deny, &action))
+            let deny_mode = rule(&program.deny_mode, &mut vm)?;
+            let audit = rule(&program.audit, &mut vm)?;
+            Ok(verdict(&allow, &deny, &action, &audit).with_deny_mode(&deny_mode))
         };
         let fast = run();
         engine.set_input(input.clone());
         let slow = engine.eval_rule(wrapper.to_string()).map(|value| {
             let field = |name: &str| value[name].clone();
-            let mut v = verdict(&field("allow"), &field("deny"), &field("action"));
+            let mut v = verdict(
+                &field("allow"),
+                &field("deny"),
+                &field("action"),
+                &field(audit::AUDIT_RULE),
+            )
+            .with_deny_mode(&field("deny_mode"));
             if program.allow.is_none() {
                 // A scope without `allow` allows; its wrapper says so too.
                 v.allow = true;
@@ -1313,7 +1385,8 @@ fn compile_rules(
     package: &str,
     require_allow: bool,
 ) -> anyhow::Result<LayerProgram> {
-    let names = ["allow", "deny", "action"].map(|rule| format!("{package}.{rule}"));
+    let names = ["allow", "deny", "action", "deny_mode", audit::AUDIT_RULE]
+        .map(|rule| format!("{package}.{rule}"));
     // Any defined rule serves as the entry point that compiles the package.
     let mut compiled = None;
     for entry in &names {
@@ -1331,11 +1404,11 @@ fn compile_rules(
             .contains_key(path)
             .then(|| path.clone())
     };
-    let [allow, deny, action] = names.each_ref().map(defined);
+    let [allow, deny, action, deny_mode, audit] = names.each_ref().map(defined);
     if require_allow && allow.is_none() {
         anyhow::bail!("{package} defines no allow rule");
     }
-    let entry_points: Vec<&str> = [&allow, &deny, &action]
+    let entry_points: Vec<&str> = [&allow, &deny, &action, &deny_mode, &audit]
         .into_iter()
         .flatten()
         .map(|s| s.as_str())
@@ -1349,6 +1422,8 @@ fn compile_rules(
         allow,
         deny,
         action,
+        deny_mode,
+        audit,
     })
 }
 

@@ -39,25 +39,37 @@ pub enum ReplayError {
 }
 
 /// What a layer answered, as compared on replay: deny reasons as a set, the egress action
-/// only when allowed (a refused connection takes no action).
+/// only when allowed (a refused connection takes no action), and the refusals observed but
+/// not enforced (`would_deny`, see [`super::audit`]) only when allowed.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Answer {
     pub allow: bool,
     pub deny: BTreeSet<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    pub would_deny: BTreeSet<String>,
+}
+
+/// The three outcomes replay tells apart: a flip is a change from one to another.
+pub const ALLOW: &str = "allow";
+pub const WOULD_DENY: &str = "would-deny";
+pub const DENY: &str = "deny";
+
+fn reason_set(value: Option<&serde_json::Value>) -> BTreeSet<String> {
+    match value {
+        Some(serde_json::Value::Array(items)) => items
+            .iter()
+            .map(|r| r.as_str().map_or_else(|| r.to_string(), str::to_string))
+            .collect(),
+        _ => BTreeSet::new(),
+    }
 }
 
 impl Answer {
     fn from_result(layer: Layer, result: &serde_json::Value) -> Option<Answer> {
         let allow = result.get("allow")?.as_bool()?;
-        let deny = match result.get("deny") {
-            Some(serde_json::Value::Array(items)) => items
-                .iter()
-                .map(|r| r.as_str().map_or_else(|| r.to_string(), str::to_string))
-                .collect(),
-            _ => BTreeSet::new(),
-        };
+        let deny = reason_set(result.get("deny"));
         let action = (allow && layer == Layer::Egress)
             .then(|| {
                 result
@@ -70,7 +82,21 @@ impl Answer {
             allow,
             deny: if allow { BTreeSet::new() } else { deny },
             action,
+            would_deny: if allow {
+                reason_set(result.get("would_deny"))
+            } else {
+                BTreeSet::new()
+            },
         })
+    }
+
+    /// `allow`, `would-deny` (let through under audit) or `deny`.
+    pub fn outcome(&self) -> &'static str {
+        match (self.allow, self.would_deny.is_empty()) {
+            (false, _) => DENY,
+            (true, false) => WOULD_DENY,
+            (true, true) => ALLOW,
+        }
     }
 
     fn from_decision(layer: Layer, decision: &super::Decision) -> Answer {
@@ -82,6 +108,7 @@ impl Answer {
                 decision.reasons.iter().cloned().collect()
             },
             action: (decision.allowed && layer == Layer::Egress).then(|| decision.action.clone()),
+            would_deny: decision.would_deny.iter().cloned().collect(),
         }
     }
 }
@@ -165,13 +192,22 @@ impl Recorded {
 
 /// Reads every replayable record of a decision log, calling `each` on it; returns how many
 /// lines held nothing to replay. A malformed or over-long line is an error naming it.
-pub fn read(path: &Path, mut each: impl FnMut(Recorded) -> bool) -> Result<usize, ReplayError> {
+pub fn read(path: &Path, each: impl FnMut(Recorded) -> bool) -> Result<usize, ReplayError> {
     let file = path.display().to_string();
     let handle = std::fs::File::open(path).map_err(|e| ReplayError::File {
         file: file.clone(),
         reason: e.to_string(),
     })?;
-    let mut reader = std::io::BufReader::new(handle);
+    read_from(std::io::BufReader::new(handle), file, each)
+}
+
+/// [`read`] over any reader of JSON lines (`file` names it in errors): records fetched from
+/// a gateway's `GET /v1/decisions` are replayed through this.
+pub fn read_from(
+    mut reader: impl BufRead,
+    file: String,
+    mut each: impl FnMut(Recorded) -> bool,
+) -> Result<usize, ReplayError> {
     let mut buf = Vec::new();
     let (mut line, mut skipped) = (0usize, 0usize);
     loop {
@@ -234,14 +270,16 @@ pub const EXAMPLES: usize = 3;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub struct FlipKey {
     pub layer: &'static str,
-    /// `allow→deny` or `deny→allow`.
-    pub flip: &'static str,
+    /// From the recorded outcome to the candidate's: `allow→deny`, `deny→allow`, and with
+    /// audit (see [`Answer::outcome`]) `allow→would-deny`, `would-deny→deny`, ...
+    pub flip: String,
     pub workspace: Option<String>,
     pub sandbox: Option<String>,
     /// `host:port`, for egress and credential decisions.
     pub destination: Option<String>,
-    /// What decided the new answer: the candidate's deny reasons (and refusing scope) for
-    /// `allow→deny`, the recorded ones for `deny→allow`.
+    /// What decided the new answer: the candidate's deny reasons (and refusing scope) when
+    /// it refuses, its would-deny reasons when it observes a refusal, the recorded reasons
+    /// when it allows.
     pub reason: String,
 }
 
@@ -268,12 +306,26 @@ pub struct ReplayReport {
 
 /// Evaluates every replayable record of `decisions` under `candidate`.
 pub fn replay(decisions: &Path, candidate: &PolicyEngine) -> Result<ReplayReport, ReplayError> {
+    let file = decisions.display().to_string();
+    let handle = std::fs::File::open(decisions).map_err(|e| ReplayError::File {
+        file: file.clone(),
+        reason: e.to_string(),
+    })?;
+    replay_from(std::io::BufReader::new(handle), file, candidate)
+}
+
+/// [`replay`] over any reader of JSON lines (`file` names it in errors).
+pub fn replay_from(
+    reader: impl BufRead,
+    file: String,
+    candidate: &PolicyEngine,
+) -> Result<ReplayReport, ReplayError> {
     let mut report = ReplayReport::default();
     let mut groups: BTreeMap<FlipKey, FlipGroup> = BTreeMap::new();
-    report.skipped = read(decisions, |record| {
+    report.skipped = read_from(reader, file, |record| {
         report.replayed += 1;
         let (answer, decision) = record.evaluate(candidate);
-        if answer.allow == record.recorded.allow {
+        if answer.outcome() == record.recorded.outcome() {
             report.changed += usize::from(answer != record.recorded);
             return true;
         }
@@ -299,15 +351,19 @@ pub fn replay(decisions: &Path, candidate: &PolicyEngine) -> Result<ReplayReport
 
 fn flip_key(record: &Recorded, answer: &Answer, decision: &super::Decision) -> FlipKey {
     let join = |reasons: &BTreeSet<String>| reasons.iter().cloned().collect::<Vec<_>>().join("; ");
-    let (flip, reason) = if record.recorded.allow {
-        let mut reason = join(&answer.deny);
-        if let Some(scope) = decision.deny_scope.as_deref() {
-            reason = format!("{reason} [scope {scope}]");
+    let reason = match answer.outcome() {
+        DENY => {
+            let mut reason = join(&answer.deny);
+            if let Some(scope) = decision.deny_scope.as_deref() {
+                reason = format!("{reason} [scope {scope}]");
+            }
+            reason
         }
-        ("allow→deny", reason)
-    } else {
-        ("deny→allow", join(&record.recorded.deny))
+        WOULD_DENY => join(&answer.would_deny),
+        _ if record.recorded.allow => join(&record.recorded.would_deny),
+        _ => join(&record.recorded.deny),
     };
+    let flip = format!("{}→{}", record.recorded.outcome(), answer.outcome());
     FlipKey {
         layer: record.layer.as_str(),
         flip,

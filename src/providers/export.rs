@@ -37,7 +37,8 @@ impl Default for Limits {
 }
 
 /// What an export or a restore moved.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = ExportSummary)]
 pub struct Summary {
     pub files: u64,
     pub dirs: u64,

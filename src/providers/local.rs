@@ -10,8 +10,13 @@
 //!   nothing.
 //! - The sandbox's environment carries the proxy and CA variables (the gateway CA placed
 //!   inside it) and the credential placeholders the coordinator passes; never a secret.
-//! - Requested `resources.cpu` and `resources.memory_mb` become cgroup limits when the
-//!   machine can enforce them; the default pool declares those resources only then.
+//! - Every instance runs under limits ([`super::local_limits`]): memory, cpu, processes
+//!   and the size of `/home/user` + `/tmp`, from `[local.defaults]` or the create's
+//!   `resources` (`memory_mb`, `cpu`, `disk_gb`) up to `[local.max]` (above it: an invalid
+//!   request). A limit this machine cannot enforce is left out, said at start and in
+//!   the view's `limits.unenforced`; the default pool declares only enforced resources.
+//! - The sandbox's view carries `limits` ([`Provider::limits_view`]): what is enforced,
+//!   memory kills, refused forks, a full disk, and a `limit_reached` event for each.
 //! - Instances do not survive a gateway restart: the runtime's processes die with it, and
 //!   the next start removes what is left ([`LocalProvider::new`] purges orphans), so `get`
 //!   answers `None` for them.
@@ -26,6 +31,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 
+use super::local_limits::{self, LocalLimits, Resolved, Watch};
 use super::ops::{ExecSpec, ExecStream, Lifecycle, OpError, OpErrorKind, SandboxEntry};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, Provider, ProviderError,
@@ -42,17 +48,22 @@ pub struct LocalProvider {
     ca_pem: Vec<u8>,
     proxy_port: u16,
     snapshot_dir: PathBuf,
+    defaults: Resolved,
+    max: Resolved,
     instances: Mutex<HashMap<String, LocalInstance>>,
 }
 
 struct LocalInstance {
     tags: Tags,
     listener: tokio::task::JoinHandle<()>,
+    limits: Watch,
+    watcher: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for LocalInstance {
     fn drop(&mut self) {
         self.listener.abort();
+        self.watcher.abort();
     }
 }
 
@@ -91,12 +102,32 @@ impl LocalProvider {
             step: format!("creating {}", config.snapshot_dir.display()),
             detail: e.to_string(),
         })?;
+        let caps = runtime.capabilities();
+        if !caps.seccomp {
+            tracing::warn!(
+                arch = std::env::consts::ARCH,
+                "local sandboxes run WITHOUT the seccomp filter: no system call list for this \
+                 architecture or no seccomp in this kernel; the local pool declares it"
+            );
+        }
+        let unenforced = local_limits::unenforced(&caps);
+        let unenforced: Vec<_> = unenforced.into_iter().filter(|u| *u != "seccomp").collect();
+        if !unenforced.is_empty() {
+            tracing::warn!(
+                unenforced = ?unenforced,
+                "local sandboxes run WITHOUT these limits: this machine cannot enforce them \
+                 (cgroup controllers not delegated to sandgate, or no mkfs.ext4/loop devices \
+                 for disk); the local pool declares them in its labels"
+            );
+        }
         Ok(LocalProvider {
             runtime,
             egress,
             ca_pem,
             proxy_port: config.proxy_port,
             snapshot_dir: config.snapshot_dir.clone(),
+            defaults: config.limits().0,
+            max: config.limits().1,
             instances: Mutex::new(HashMap::new()),
         })
     }
@@ -124,18 +155,13 @@ impl LocalProvider {
 
     async fn do_create(&self, spec: CreateSpec) -> Result<Instance, ProviderError> {
         let instance_id = format!("lb-{}", crate::base::ids::random_hex(6));
-        let resources = &spec.request.resources;
-        let caps = self.runtime.capabilities();
-        let limits = Limits {
-            memory_bytes: resources
-                .memory_mb
-                .filter(|_| caps.memory_limit)
-                .map(|mb| mb * 1024 * 1024),
-            cpu_millis: resources
-                .cpu
-                .filter(|_| caps.cpu_limit)
-                .map(|cpu| (cpu * 1000.0).round().max(1.0) as u32),
-        };
+        let limits: Limits = local_limits::limits_for(
+            &self.defaults,
+            &self.max,
+            &spec.request.resources,
+            &self.runtime.capabilities(),
+        )
+        .map_err(|m| ProviderError::new(ErrorClass::InvalidRequest, m))?;
         let from_snapshot = match &spec.snapshot {
             Some(id) => {
                 let path = self
@@ -187,11 +213,19 @@ impl LocalProvider {
             enforced = ?created.enforced,
             "local sandbox running"
         );
+        let (limits, watcher) = local_limits::watch(
+            self.runtime.clone(),
+            instance_id.clone(),
+            spec.tags.sandbox_id.clone(),
+            created.enforced,
+        );
         self.map().insert(
             instance_id.clone(),
             LocalInstance {
                 tags: spec.tags.clone(),
                 listener,
+                limits,
+                watcher,
             },
         );
         Ok(Instance {
@@ -259,6 +293,10 @@ impl Provider for LocalProvider {
             self.map().remove(instance_id);
             Ok(())
         })
+    }
+
+    fn limits_view(&self, instance_id: &str) -> Option<serde_json::Value> {
+        Some(local_limits::view(&self.map().get(instance_id)?.limits))
     }
 
     fn capabilities<'a>(
@@ -485,6 +523,20 @@ pub struct LocalConfig {
     pub cgroup: String,
     /// Capacity of the default `local` pool (ignored when pools are configured).
     pub capacity: u64,
+    /// `[local.defaults]`: the limits every sandbox gets unless its create asks otherwise.
+    pub defaults: LocalLimits,
+    /// `[local.max]`: the most a create's `resources` may ask for.
+    pub max: LocalLimits,
+}
+
+impl LocalConfig {
+    /// `[local.defaults]` and `[local.max]` with the built-in values filled in.
+    pub fn limits(&self) -> (Resolved, Resolved) {
+        (
+            self.defaults.resolve(LocalLimits::DEFAULTS),
+            self.max.resolve(LocalLimits::MAX),
+        )
+    }
 }
 
 impl Default for LocalConfig {
@@ -499,6 +551,8 @@ impl Default for LocalConfig {
             netns_prefix: "sg-".into(),
             cgroup: "sandgate".into(),
             capacity: 16,
+            defaults: LocalLimits::default(),
+            max: LocalLimits::default(),
         }
     }
 }

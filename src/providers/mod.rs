@@ -18,6 +18,7 @@
 pub mod export;
 pub mod hosted;
 pub mod local;
+pub mod local_limits;
 /// The operation vocabulary adapters speak, at `crate::ops` (below `e2b`, which translates it).
 pub use crate::ops;
 pub mod simulated;
@@ -424,6 +425,12 @@ pub trait Provider: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<Instance>, ProviderError>>;
     /// Deletes an instance; deleting an absent one succeeds.
     fn delete<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+    /// The limits an instance runs under and how often it met them (`limits` on the
+    /// sandbox's view), for providers that enforce limits themselves; `None` otherwise.
+    fn limits_view(&self, instance_id: &str) -> Option<serde_json::Value> {
+        let _ = instance_id;
+        None
+    }
     /// What a running instance actually offers.
     fn capabilities<'a>(
         &'a self,

@@ -2,7 +2,9 @@
 
 use super::{Store, StoreError, StoreRow};
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// A delegated capability as the API shows it (never its token, only its hash is kept).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = DelegationView)]
 pub struct DelegationRow {
     pub id: String,
     #[serde(skip)]

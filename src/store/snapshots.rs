@@ -3,7 +3,9 @@
 
 use super::{Store, StoreError, StoreRow};
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// A snapshot as the API shows it (in the answer to `POST /v1/sandboxes/{id}/snapshot`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = SnapshotView)]
 pub struct SnapshotRow {
     pub id: String,
     pub workspace: String,

@@ -79,6 +79,14 @@ impl LeafMinter {
         Ok(key)
     }
 
+    /// Whether a fresh leaf for `host` is cached, so [`LeafMinter::leaf_for`] would not sign
+    /// (the egress proxy's budget for refused names counts only leaves it would mint).
+    pub fn is_cached(&self, host: &str) -> bool {
+        self.cache
+            .get(host)
+            .is_some_and(|hit| hit.renew_at > Instant::now())
+    }
+
     /// A fresh leaf for `host`, signed by the CA with the configured validity, bypassing the
     /// cache: for a certificate its caller keeps and renews itself (the TLS proxy listener's).
     pub fn issue(&self, host: &str) -> Result<Arc<CertifiedKey>, LeafError> {

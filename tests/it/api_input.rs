@@ -867,4 +867,64 @@ async fn body_limits_are_per_endpoint() {
         .unwrap();
     assert_eq!(resp.status(), 413);
     assert_eq!(resp.headers()["x-sandgate-error"], "payload_too_large");
+    // The rest of the body was not read: the connection is not reused.
+    assert_eq!(resp.headers()["connection"], "close");
+}
+
+/// Every answer carries `X-Request-Id`: the caller's when it is a plain token, a fresh one
+/// when it sent none or something else (never echoed as sent), on successes, refusals and
+/// unknown endpoints alike.
+#[tokio::test]
+async fn every_answer_carries_a_request_id() {
+    let gw = Gateway::start(GatewayOptions {
+        extra_toml: config(),
+        ..GatewayOptions::default()
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let id_of = |resp: &reqwest::Response| {
+        resp.headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let resp = http
+        .get(gw.api("/v1/pools"))
+        .bearer_auth(ADMIN)
+        .header("x-request-id", "trace-42.a_b:c")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(id_of(&resp).as_deref(), Some("trace-42.a_b:c"));
+    let mut seen = std::collections::HashSet::new();
+    for (path, token, offered, status) in [
+        ("/v1/pools", Some(ADMIN), None, 200),
+        ("/v1/pools", None, None, 401),
+        (
+            "/v1/no-such-thing",
+            Some(ADMIN),
+            Some(format!("{MARKER} x")),
+            404,
+        ),
+        (
+            "/v1/sandboxes/sb-none",
+            Some(ADMIN),
+            Some("a".repeat(129)),
+            404,
+        ),
+    ] {
+        let mut req = http.get(gw.api(path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(o) = &offered {
+            req = req.header("x-request-id", o);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), status, "{path}");
+        let id = id_of(&resp).unwrap_or_else(|| panic!("{path}: no X-Request-Id"));
+        assert!(id.starts_with("req-") && id.len() == 40, "{path}: {id}");
+        assert!(!id.contains(MARKER));
+        assert!(seen.insert(id), "{path}: an id was reused");
+    }
 }

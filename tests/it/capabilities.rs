@@ -48,6 +48,8 @@ use crate::common::*;
 use sandgate_router::ProviderKind;
 
 const API_TOKEN: &str = "api-token-capabilities-0123456789";
+/// The E2B facade's key, for the same principal as [`API_TOKEN`].
+const E2B_KEY: &str = "e2b_0123456789abcdef0123456789abcdef01234567";
 /// Deadlines for polling on a loaded 2-core machine, never sleeps the outcome depends on.
 const RUNNING_WITHIN: Duration = Duration::from_secs(60);
 const EXEC_WITHIN: Duration = Duration::from_secs(30);
@@ -563,6 +565,7 @@ async fn run(case: &Case) {
     env.execute().await;
     env.ordered_output().await;
     env.cancel().await;
+    env.facade_kill().await;
     env.files().await;
     env.pause_resume().await;
 }
@@ -594,6 +597,12 @@ impl Env {
                 r#"
 [[api.tokens]]
 token = "{API_TOKEN}"
+principal = "alice"
+workspace = "ws-a"
+[e2b]
+listen = "127.0.0.1:0"
+[[e2b.api_keys]]
+key = "{E2B_KEY}"
 principal = "alice"
 workspace = "ws-a"
 {topology}
@@ -802,6 +811,119 @@ workspace = "ws-a"
             self.case,
             out.stdout
         );
+    }
+
+    /// The E2B facade's `SendSignal` is a cancel too: the command is killed where the kind
+    /// cancels, and refused `unimplemented` naming the provider where it cannot (never
+    /// answered as done while the command goes on at the provider).
+    async fn facade_kill(&self) {
+        if !self.has("process.execute") {
+            return;
+        }
+        let base = format!("http://{}", self.gw.server.e2b_addr().unwrap());
+        let detail: Value = self
+            .http
+            .get(format!("{base}/sandboxes/{}", self.id))
+            .header("X-API-Key", E2B_KEY)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let token = detail["envdAccessToken"].as_str().unwrap().to_string();
+        let envd = |path: &str| {
+            self.http
+                .post(format!("{base}{path}"))
+                .header("E2b-Sandbox-Id", &self.id)
+                .header("X-Access-Token", &token)
+        };
+        // Killed: a command far longer than the wait for its end; refused: one that ends
+        // on its own soon, having printed `finished`.
+        let script = if self.has("process.cancel") {
+            format!("echo started; sleep {LONG_COMMAND_SECS}; echo finished")
+        } else {
+            "echo started; sleep 2; echo finished".to_string()
+        };
+        let body = json!({"process": {"cmd": "/bin/sh", "args": ["-c", script]}});
+        let mut stream = envd("/process.Process/Start")
+            .header("Content-Type", "application/connect+json")
+            .body(sandgate::e2b::connect::envelope(&serde_json::to_vec(&body).unwrap()).to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stream.status(), 200, "[{}] facade start", self.case);
+        let mut decoder = sandgate::e2b::connect::Decoder::default();
+        let mut events: Vec<Value> = Vec::new();
+        let next = |decoder: &mut sandgate::e2b::connect::Decoder, events: &mut Vec<Value>| {
+            while let Some(frame) = decoder.next_frame().unwrap() {
+                events.push(serde_json::from_slice(&frame.payload).unwrap());
+            }
+        };
+        // The facade's pid comes in the first event, `start`, once the command was started.
+        let deadline = Instant::now() + EXEC_WITHIN;
+        while events.is_empty() {
+            let chunk = tokio::time::timeout_at(deadline.into(), stream.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("[{}] no start event", self.case))
+                .unwrap()
+                .unwrap_or_else(|| panic!("[{}] the stream ended unstarted", self.case));
+            decoder.push(&chunk);
+            next(&mut decoder, &mut events);
+        }
+        let deadline = Instant::now() + CANCELLED_WITHIN;
+        let pid = events[0]["event"]["start"]["pid"].as_u64().unwrap();
+        let r = envd("/process.Process/SendSignal")
+            .json(&json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let answer: Value = r.json().await.unwrap();
+        while let Some(chunk) = tokio::time::timeout_at(deadline.into(), stream.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("[{}] the stream did not end: {events:?}", self.case))
+            .unwrap()
+        {
+            decoder.push(&chunk);
+            next(&mut decoder, &mut events);
+        }
+        // stdout travels base64-encoded per chunk, so decode before looking for the word.
+        let stdout: Vec<u8> = events
+            .iter()
+            .filter_map(|e| e["event"]["data"]["stdout"].as_str())
+            .flat_map(|b| {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .decode(b)
+                    .unwrap_or_else(|e| panic!("[{}] stdout not base64: {e}", self.case))
+            })
+            .collect();
+        let printed_finished = String::from_utf8_lossy(&stdout).contains("finished");
+        if self.has("process.cancel") {
+            assert_eq!(status, 200, "[{}] facade kill: {answer}", self.case);
+            assert!(
+                !printed_finished,
+                "[{}] killed, yet it finished: {events:?}",
+                self.case
+            );
+        } else {
+            assert_eq!(status, 501, "[{}] facade kill: {answer}", self.case);
+            assert_eq!(answer["code"], "unimplemented", "[{}] {answer}", self.case);
+            assert!(
+                answer["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains(self.case),
+                "[{}] the refusal does not name the provider: {answer}",
+                self.case
+            );
+            assert!(
+                printed_finished,
+                "[{}] refused, yet it ended early: {events:?}",
+                self.case
+            );
+        }
     }
 
     async fn cancel(&self) {

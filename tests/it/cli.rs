@@ -161,6 +161,94 @@ fn serve_on_a_config_file_answers_health_and_metrics_and_writes_its_state() {
     assert!(logs.contains("api-token"), "the token file's path is shown");
 }
 
+/// A free loopback port (bound, then released for the process under test).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `serve --listen/--api-listen` move the listeners over the file's addresses, and the CLI
+/// finds the API by `--url` with the local token of its directory; a token whose
+/// environment variable is unset stops `serve` before the store is created.
+#[test]
+fn serve_flags_move_the_listeners_and_an_unset_token_env_stops_it_before_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("sandgate.toml");
+    std::fs::write(&config_path, base_config(dir.path())).unwrap();
+    let (proxy, api) = (free_port(), free_port());
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&config_path)
+        .args(["--listen", &format!("127.0.0.1:{proxy}")])
+        .args(["--api-listen", &format!("127.0.0.1:{api}")])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = capture(child.stderr.take().unwrap());
+    let want = format!(
+        "sandgate: proxy on http://127.0.0.1:{proxy} (HTTP_PROXY), API on http://127.0.0.1:{api},"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !stderr.lock().unwrap().iter().any(|l| l.starts_with(&want)) {
+        assert!(Instant::now() < deadline, "{:?}", stderr.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = Command::new(BIN)
+        .args([
+            "sandbox",
+            "list",
+            "-q",
+            "--url",
+            &format!("http://127.0.0.1:{api}"),
+        ])
+        .current_dir(dir.path())
+        .env_remove("SANDGATE_URL")
+        .env_remove("SANDGATE_TOKEN")
+        .env_remove("SANDGATE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    let _ = child.kill();
+    let _ = child.wait();
+
+    let other = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{}[[api.tokens]]\ntoken_env = \"SANDGATE_TEST_UNSET_CLI_TOKEN\"\nprincipal = \"p\"\nworkspace = \"w\"\n",
+        base_config(other.path())
+    );
+    let config_path = other.path().join("sandgate.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&config_path)
+        .current_dir(other.path())
+        .env_remove("SANDGATE_TEST_UNSET_CLI_TOKEN")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "error: invalid_config: sandgate could not start: config key `api.tokens[0].token_env`"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        !other.path().join("data/sandgate.db").exists(),
+        "the store was not created"
+    );
+}
+
 /// `[proxy] workers = 3`: three threads of their own serve the proxy, and connections held
 /// open at the same time are all answered (each stays on the worker that accepted it).
 #[test]
@@ -546,16 +634,23 @@ fn demo_shows_injection_refusal_and_no_route_then_cleans_up() {
         stdout.contains("=> the secret was injected outside the sandbox"),
         "{stdout}"
     );
-    assert!(
-        stdout.contains("CONNECT tunnel failed, response 403"),
-        "{stdout}"
+    // The refusal is answered inside the tunnel (the default deny_mode): curl prints the
+    // JSON reason for the HTTPS request as for the plain one.
+    let step6 = stdout
+        .split("== 6.")
+        .nth(1)
+        .and_then(|rest| rest.split("== 7.").next())
+        .unwrap_or_else(|| panic!("no step 6: {stdout}"));
+    assert_eq!(
+        step6.matches("\"code\":\"egress_denied\"").count(),
+        2,
+        "{step6}"
     );
-    assert!(stdout.contains("\"code\":\"egress_denied\""), "{stdout}");
     assert!(
-        stdout.contains("| exit 7"),
-        "the bypass should find no route: {stdout}"
+        step6.contains("\"reason\":\"sandgate's egress policy refuses blocked.demo.test"),
+        "{step6}"
     );
-    assert!(stdout.contains("\"decision\":\"deny\""), "{stdout}");
+    assert!(step6.contains("}}exit 0"), "{step6}");
     assert!(stdout.contains("-> 200 OK"), "{stdout}");
     let instance = stdout
         .split("(instance ")
@@ -639,10 +734,38 @@ fn sandbox_exec_streams_output_and_exits_with_the_commands_code() {
     let out = cli(&["sandbox", "files", "read", id, "/home/user/b.bin"], None);
     assert_eq!(out.stdout, payload);
 
-    // An API refusal is exit 125 with the JSON error on stderr.
+    // files ls: ls's mode column, the size, the name; -q the names only.
+    let out = cli(
+        &["sandbox", "files", "ls", id, "/home/user", "-o", "table"],
+        None,
+    );
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines[0], ["MODE", "SIZE", "MODIFIED", "NAME"], "{table}");
+    let row = lines
+        .iter()
+        .find(|r| r.last() == Some(&"b.bin"))
+        .expect(&table);
+    assert_eq!((row[0], row[1]), ("-rw-r--r--", "256"), "{table}");
+    assert!(!table.contains('\u{1b}'));
+    let out = cli(&["sandbox", "files", "ls", id, "/home/user", "-q"], None);
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l == "b.bin"));
+    // A missing file: exit 3, the error on stderr, nothing on stdout.
+    let out = cli(&["sandbox", "files", "read", id, "/home/user/none"], None);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: not_found: "));
+
+    // An API refusal is exit 125 with the error on stderr in the CLI's shape.
     let out = cli(&["sandbox", "exec", "sb-nope", "--", "true"], None);
     assert_eq!(out.status.code(), Some(125));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: not_found: "));
 
     let out = cli(&["sandbox", "pause", id], None);
     assert!(

@@ -122,6 +122,8 @@ async fn curl_through_the_proxy_over_h1_and_h2() {
         .output()
         .await
         .unwrap();
+    // (deny_mode = "connect" here: curl reports only the CONNECT's status; the in-tunnel
+    // default, which shows the body, is tests/it/deny_in_tunnel.rs.)
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("403"),

@@ -266,6 +266,34 @@ async fn cli_and_api_explain_agree_on_a_seeded_store_and_the_record_survives_a_r
     );
     let via_url: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(via_url, from_api);
+    // `-o json` is the API's body too; a refusal by the gateway is its error on stderr.
+    let args = [
+        "route",
+        "explain",
+        "--request",
+        &req_arg,
+        "--url",
+        &api.base,
+    ];
+    let out = cli(
+        dir.path(),
+        &[&args[..], &["-o", "json"]].concat(),
+        &[("SANDGATE_TOKEN", TOKEN.to_string())],
+    );
+    assert!(out.status.success());
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap(),
+        from_api
+    );
+    let out = cli(
+        dir.path(),
+        &args,
+        &[("SANDGATE_TOKEN", "not-a-token".to_string())],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("error: unauthenticated: "), "{stderr}");
 
     // The create right after sees the same context: its record is that explanation.
     let (status, created) = api.post("/v1/sandboxes", &request()).await;

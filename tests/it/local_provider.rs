@@ -839,6 +839,72 @@ fn cgroup_file(instance: &str, name: &str) -> Option<PathBuf> {
     walk(Path::new("/sys/fs/cgroup"), instance, name, 6)
 }
 
+/// The seccomp filter (`tests/it/local_seccomp.rs` has its refusals) leaves ordinary work
+/// alone: python, git, pip, curl through the proxy; the pool and the sandbox declare it.
+#[tokio::test]
+async fn an_ordinary_workload_runs_under_the_seccomp_filter_and_the_pool_declares_it() {
+    let Some(env) = start("seccomp_workload", vec![]).await else {
+        return;
+    };
+    let pools: Value = env
+        .http
+        .get(env.gw.api("/v1/pools"))
+        .bearer_auth(TOKEN_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let local = pools["pools"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["pool"] == "local"))
+        .unwrap_or_else(|| panic!("no local pool: {pools:#}"));
+    assert_eq!(
+        local["isolation"],
+        json!([{"kind": "namespace", "seccomp": "enforced"}]),
+        "{local:#}"
+    );
+    // A create may require the filter.
+    let sandbox = env
+        .create(
+            TOKEN_A,
+            json!({
+                "network": {"allow_domains": ["api.allowed.test"]},
+                "features": {"isolation": {"kind": "namespace", "seccomp": "enforced"}},
+            }),
+        )
+        .await;
+    let id = sandbox["id"].as_str().unwrap();
+    let view: Value = env
+        .http
+        .get(env.gw.api(&format!("/v1/sandboxes/{id}")))
+        .bearer_auth(TOKEN_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["limits"]["enforced"]["seccomp"], true, "{view:#}");
+    let script = format!(
+        "set -e; grep '^Seccomp:' /proc/self/status; \
+         python3 -c 'import json, sqlite3; print(json.dumps(sqlite3.connect(\":memory:\").execute(\"select 6*7\").fetchone()))'; \
+         git init -q repo && cd repo && echo hi > f && git add f && \
+         git -c user.name=t -c user.email=t@example.test commit -qm first && git log --format=%s; \
+         python3 -m pip --version | cut -d' ' -f1; \
+         curl -sS -o /dev/null -w '%{{http_code}}\\n' {}",
+        env.url("api.allowed.test", "/under-seccomp")
+    );
+    let (out, err, code) = env.sh(id, &script).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().map(str::trim).collect();
+    assert_eq!(lines.len(), 5, "{out}{err}");
+    assert!(lines[0].ends_with('2'), "{out}");
+    assert_eq!(&lines[1..], ["[42]", "first", "pip", "200"], "{err}");
+    assert_eq!(env.origin.last().unwrap().path, "/under-seccomp");
+}
+
 #[tokio::test]
 async fn requested_memory_becomes_an_enforced_limit_or_the_pool_does_not_offer_it() {
     let Some(env) = start("resources", vec![]).await else {
@@ -1218,15 +1284,7 @@ async fn network_cidrs_are_enforced_on_ip_literals_and_resolved_addresses() {
     assert_eq!(plain_origin.count(), 2);
 
     // The decision records carry the address, for IP literals and resolved names alike.
-    let records = env.gw.decisions(9).await;
-    let find = |host: &str, phase: &str| {
-        records
-            .iter()
-            .filter(|r| r["sandbox"] == id && r["host"] == host && r["phase"] == phase)
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    for (host, phase, decision, ip) in [
+    let expected = [
         ("127.0.0.2", "connect", "allow", "127.0.0.2"),
         ("inside.cidr.test", "connect", "allow", "127.0.0.2"),
         ("127.0.0.2", "request", "allow", "127.0.0.2"),
@@ -1235,8 +1293,27 @@ async fn network_cidrs_are_enforced_on_ip_literals_and_resolved_addresses() {
         ("outside.cidr.test", "connect", "deny", "127.0.0.3"),
         ("127.0.0.3", "request", "deny", "127.0.0.3"),
         ("169.254.169.254", "connect", "deny", "169.254.169.254"),
-    ] {
-        let found = find(host, phase);
+    ];
+    let find = |records: &[serde_json::Value], host: &str, phase: &str| {
+        records
+            .iter()
+            .filter(|r| r["sandbox"] == id && r["host"] == host && r["phase"] == phase)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let holds = |records: &[serde_json::Value],
+                 (host, phase, decision, ip): (&str, &str, &str, &str)| {
+        find(records, host, phase)
+            .iter()
+            .any(|r| r["decision"] == decision && r["ip"] == ip)
+    };
+    // Wait for the full set rather than a count: the writer thread lands them in batches.
+    let records = env
+        .gw
+        .decisions_until(|records| expected.iter().all(|e| holds(records, *e)))
+        .await;
+    for (host, phase, decision, ip) in expected {
+        let found = find(&records, host, phase);
         assert!(
             found
                 .iter()
@@ -1244,7 +1321,7 @@ async fn network_cidrs_are_enforced_on_ip_literals_and_resolved_addresses() {
             "{host} {phase}: want {decision} with ip {ip}: {found:#?}"
         );
     }
-    let metadata = find("169.254.169.254", "connect");
+    let metadata = find(&records, "169.254.169.254", "connect");
     assert!(
         metadata
             .iter()

@@ -25,7 +25,10 @@ const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBtest\n-----END CERTIFICATE---
 const STUB_BODY: &str = "hello from the gateway";
 
 /// A runtime over a fresh base directory, or `None` (with a skip message) without root.
-fn runtime(test: &str, extra: Vec<PathBuf>) -> Option<(Arc<LocalRuntime>, tempfile::TempDir)> {
+pub(crate) fn runtime(
+    test: &str,
+    extra: Vec<PathBuf>,
+) -> Option<(Arc<LocalRuntime>, tempfile::TempDir)> {
     runtime_with(test, extra, CgroupMode::Auto)
 }
 
@@ -137,11 +140,11 @@ fn v1_groups(proc_cgroup: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-fn id(name: &str) -> String {
+pub(crate) fn id(name: &str) -> String {
     format!("{name}-{}", std::process::id())
 }
 
-fn spec(id: &str) -> SandboxSpec {
+pub(crate) fn spec(id: &str) -> SandboxSpec {
     SandboxSpec {
         id: id.to_string(),
         proxy_url: PROXY.to_string(),
@@ -183,7 +186,11 @@ fn serve_stub(listener: tokio::net::TcpListener) -> mpsc::UnboundedReceiver<Stri
     rx
 }
 
-async fn run(rt: &LocalRuntime, id: &str, argv: &[&str]) -> sandgate::localbox::ExecOutput {
+pub(crate) async fn run(
+    rt: &LocalRuntime,
+    id: &str,
+    argv: &[&str],
+) -> sandgate::localbox::ExecOutput {
     let mut request = ExecRequest::new(argv.iter().copied());
     request.timeout = Some(Duration::from_secs(60));
     rt.exec(id, request).await.expect("exec").collect().await
@@ -193,7 +200,7 @@ async fn sh(rt: &LocalRuntime, id: &str, script: &str) -> sandgate::localbox::Ex
     run(rt, id, &["sh", "-c", script]).await
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
@@ -779,6 +786,8 @@ async fn stop_start_limits_and_delete_leave_nothing_behind() {
     sandbox.limits = Limits {
         memory_bytes: caps.memory_limit.then_some(256 << 20),
         cpu_millis: caps.cpu_limit.then_some(500),
+        pids: caps.pids_limit.then_some(64),
+        disk_bytes: caps.disk_limit.then_some(32 << 20),
     };
     let created = rt.create(sandbox).await.expect("create");
     assert_eq!(
@@ -790,6 +799,11 @@ async fn stop_start_limits_and_delete_leave_nothing_behind() {
         caps.memory_limit.then_some(256 << 20)
     );
     assert_eq!(created.enforced.cpu_millis, caps.cpu_limit.then_some(500));
+    assert_eq!(created.enforced.pids, caps.pids_limit.then_some(64));
+    assert_eq!(
+        created.enforced.disk_bytes,
+        caps.disk_limit.then_some(32 << 20)
+    );
     let mut heads = serve_stub(created.listener);
 
     // The limits are really on the sandbox's processes.
@@ -843,6 +857,33 @@ async fn stop_start_limits_and_delete_leave_nothing_behind() {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
         assert!(throttled > 0, "a busy loop was never throttled: {stat}");
+    }
+
+    if caps.pids_limit {
+        // 100 sleepers do not fit under 64 processes; the kernel counts the refusals.
+        let out = sh(
+            &rt,
+            &id,
+            "for i in $(seq 100); do sleep 5 & done 2>/dev/null; echo spawned",
+        )
+        .await;
+        assert!(rt.limit_hits(&id).unwrap().pids_refused > 0, "{out:?}");
+        rt.stop(&id).await.unwrap();
+        rt.start(&id).await.unwrap();
+    }
+    if caps.disk_limit {
+        // /home/user and /tmp share 32 MiB: writing 64 MiB across them fails inside.
+        let out = sh(
+            &rt,
+            &id,
+            "dd if=/dev/zero of=/tmp/a bs=1M count=16 2>/dev/null; \
+             dd if=/dev/zero of=/home/user/b bs=1M count=48 2>/dev/null; echo rc=$?",
+        )
+        .await;
+        assert_eq!(text(&out.stdout).trim(), "rc=1", "{}", text(&out.stderr));
+        assert!(rt.limit_hits(&id).unwrap().disk_full);
+        let _ = sh(&rt, &id, "rm -f /tmp/a /home/user/b").await;
+        assert!(!rt.limit_hits(&id).unwrap().disk_full);
     }
 
     // stop keeps files and the listener; start brings processes back.

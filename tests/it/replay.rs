@@ -225,7 +225,9 @@ async fn logged_decisions_replay_exactly_and_a_candidate_deny_flips_only_its_own
     let same = candidates.path().join("same");
     copy_dir(&gw.policy_dir, &same);
     let args = ReplayArgs {
-        decisions: gw.decision_log.clone(),
+        decisions: Some(gw.decision_log.clone()),
+        since: None,
+        url: None,
         against: same,
         json: true,
     };
@@ -249,7 +251,9 @@ async fn logged_decisions_replay_exactly_and_a_candidate_deny_flips_only_its_own
         .collect();
     assert_eq!(expected.len(), 20);
     let args = ReplayArgs {
-        decisions: gw.decision_log.clone(),
+        decisions: Some(gw.decision_log.clone()),
+        since: None,
+        url: None,
         against: closed,
         json: true,
     };
@@ -322,7 +326,9 @@ async fn logged_decisions_replay_exactly_and_a_candidate_deny_flips_only_its_own
     lines.insert(2, "{\"kind\": \"policy\", \"layer\":");
     std::fs::write(&broken, lines.join("\n")).unwrap();
     let args = ReplayArgs {
-        decisions: broken,
+        decisions: Some(broken),
+        since: None,
+        url: None,
         against: args.against.clone(),
         json: false,
     };

@@ -295,11 +295,12 @@ async fn sandbox_cli_creates_gets_lists_and_deletes_through_the_api() {
         .unwrap();
     assert_eq!(code, Some(0));
     assert_eq!(deleted["state"], "deleted");
+    // Not found: exit 3 (the error is on stderr, stdout is empty).
     let (code, missing) = run(vec!["sandbox".into(), "get".into(), "sb-nope".into()])
         .await
         .unwrap();
-    assert_eq!(code, Some(1));
-    assert_eq!(missing["error"]["code"], "not_found");
+    assert_eq!(code, Some(3));
+    assert_eq!(missing, Value::Null);
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
@@ -414,4 +415,105 @@ capacity = 2
         "pool-a now has less free capacity: {e}"
     );
     gw.server.shutdown();
+}
+
+/// `route explain` follows the CLI's output contract: JSON in a pipe (the same bytes as
+/// `-o json`), a table with stable columns and the final order on request, `-q` the order.
+#[test]
+fn route_explain_cli_follows_the_output_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sandgate.toml");
+    std::fs::write(&config, POOLS).unwrap();
+    let req = dir.path().join("req.json");
+    std::fs::write(
+        &req,
+        r#"{"regions": ["us-east-1"], "routing": {"priorities": ["price"]}}"#,
+    )
+    .unwrap();
+    let pty = dir.path().join("pty.json");
+    std::fs::write(&pty, r#"{"features": {"pty": true}}"#).unwrap();
+    let run = |request: &std::path::Path, extra: &[&str]| {
+        let out = Command::new(BIN)
+            .current_dir(dir.path())
+            .args(["route", "explain", "--request"])
+            .arg(request)
+            .arg("--config")
+            .arg(&config)
+            .args(extra)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        (out.status.code(), stdout, stderr)
+    };
+
+    let (code, piped, _) = run(&req, &[]);
+    assert_eq!(code, Some(0));
+    let (code, json, _) = run(&req, &["-o", "json"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(json, piped, "-o json is what a pipe gets by default");
+    let explanation: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(order(&explanation), ["pool-a", "pool-b"]);
+
+    let (code, table, _) = run(&req, &["-o", "table"]);
+    assert_eq!(code, Some(0));
+    assert!(!table.contains('\u{1b}'), "{table}");
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        ["POOL", "PROVIDER", "REGION", "ELIGIBLE", "POSITION", "SCORE", "UNMET"],
+        "{table}"
+    );
+    // One row per pool the JSON lists, with its columns as the JSON has them.
+    let pools = explanation["pools"].as_array().unwrap();
+    for (row, pool) in lines[1..=pools.len()].iter().zip(pools) {
+        assert_eq!(row[0], pool["pool"], "{table}");
+        assert_eq!(
+            row[3],
+            if pool["eligible"] == true {
+                "yes"
+            } else {
+                "no"
+            }
+        );
+        let position = pool["position"].as_u64().map(|p| (p + 1).to_string());
+        assert_eq!(row[4], position.as_deref().unwrap_or("-"), "{table}");
+        assert_eq!(row[5], pool["soft_score"].to_string(), "{table}");
+    }
+    assert_eq!(
+        table.lines().last(),
+        Some("ORDER: pool-a, pool-b"),
+        "{table}"
+    );
+
+    let (_, wide, _) = run(&req, &["-o", "wide"]);
+    let header: Vec<&str> = wide.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header[7..], ["TIER", "FREE", "RANK"], "{wide}");
+    assert!(wide.contains("price="), "{wide}");
+
+    let (_, quiet, _) = run(&req, &["-q"]);
+    assert_eq!(quiet, "pool-a\npool-b\n");
+
+    // No eligible pool: exit 1, every row says why, and the order says there is none.
+    let (code, table, _) = run(&pty, &["-o", "table"]);
+    assert_eq!(code, Some(1));
+    for row in table.lines().skip(1).take_while(|l| !l.is_empty()) {
+        assert!(row.contains(" no "), "{table}");
+        assert!(row.contains("pty"), "{table}");
+    }
+    assert!(table.ends_with("ORDER: - (no eligible pool)\n"), "{table}");
+
+    // Errors: on stderr in the contract's shape, stdout empty, exit 2 for bad input.
+    let (code, out, err) = run(&dir.path().join("missing.json"), &["-o", "table"]);
+    assert_eq!(code, Some(2));
+    assert_eq!(out, "");
+    assert!(err.starts_with("error: unreadable_input: "), "{err}");
+    let (code, out, err) = run(&dir.path().join("missing.json"), &["-o", "json"]);
+    assert_eq!(code, Some(2));
+    assert_eq!(out, "");
+    let body: Value = serde_json::from_str(&err).unwrap();
+    assert_eq!(body["error"]["code"], "unreadable_input");
 }

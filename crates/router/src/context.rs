@@ -68,6 +68,7 @@ pub struct ExistingSandbox {
 }
 
 /// Band widths for ranking. A width of `0` compares exact values.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Bands {

@@ -58,13 +58,16 @@ pub struct Route {
 /// `null` when the order excludes it). `band` is `null` when the band width is `0` (exact
 /// comparison of `value`). `position` is the index in `order`, `null` for ineligible pools.
 /// `error` is the `no_eligible_provider` error `route` would return, when `order` is empty.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Explanation {
     pub automatic: bool,
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub baseline: Vec<&'static str>,
     pub priorities: Vec<Priority>,
     pub bands: Bands,
     pub pools: Vec<PoolExplanation>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub order: Vec<Arc<str>>,
     pub error: Option<NoEligible>,
     /// Ineligible pools left out of `pools` ([`route_recorded`] only; absent when `0`).
@@ -76,12 +79,18 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PoolExplanation {
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub pool: Arc<str>,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub provider: Arc<str>,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub account: Arc<str>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub region: Option<Arc<str>>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub zone: Option<Arc<str>>,
     pub standby: bool,
     pub eligible: bool,
@@ -95,6 +104,7 @@ pub struct PoolExplanation {
     pub position: Option<usize>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RankKey {
     pub priority: Priority,
@@ -102,6 +112,7 @@ pub struct RankKey {
     pub band: Option<i64>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Metrics {
     pub price: Option<f64>,

@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 pub const NO_ELIGIBLE_PROVIDER: &str = "no_eligible_provider";
 
 /// One pool that was considered and why it did not qualify.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = IneligiblePool))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attempt {
     pub provider: String,
@@ -15,12 +17,14 @@ pub struct Attempt {
     pub unmet_requirements: Vec<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NoEligibleDetails {
     pub attempts: Vec<Attempt>,
 }
 
 /// Serializes as the inner object of the API error body: `{"code", "message", "details"}`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
 pub struct NoEligible {

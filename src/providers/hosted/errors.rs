@@ -126,16 +126,21 @@ impl ErrorTable {
         error
     }
 
-    /// The kind of a failed sandbox operation with this status.
-    pub fn op_kind(&self, status: Option<StatusCode>) -> OpErrorKind {
-        status
+    /// The kind of a failed sandbox operation: `TimedOut` when the call got no answer
+    /// within the adapter's timeout, else by the status the provider answered.
+    pub fn op_kind(&self, failure: &HttpFailure) -> OpErrorKind {
+        if failure.timed_out && failure.status.is_none() {
+            return OpErrorKind::TimedOut;
+        }
+        failure
+            .status
             .and_then(|s| lookup(self.op_kinds, s))
             .unwrap_or(OpErrorKind::Provider)
     }
 
     /// A failed sandbox operation (exec, files, lifecycle).
     pub fn op_error(&self, failure: HttpFailure) -> OpError {
-        OpError::new(self.op_kind(failure.status), (self.describe)(&failure))
+        OpError::new(self.op_kind(&failure), (self.describe)(&failure))
     }
 }
 
@@ -241,5 +246,15 @@ mod tests {
             TABLE.op_error(f(500, json!({}))).kind,
             OpErrorKind::Provider
         );
+    }
+
+    #[test]
+    fn an_operation_unanswered_in_time_is_timed_out_and_a_refused_one_is_not() {
+        let mut timed_out = test_failure(None, json!(null), true);
+        timed_out.timed_out = true;
+        assert_eq!(TABLE.op_error(timed_out).kind, OpErrorKind::TimedOut);
+        // A connection refused or reset is the provider failing, not slowness.
+        let refused = test_failure(None, json!(null), false);
+        assert_eq!(TABLE.op_error(refused).kind, OpErrorKind::Provider);
     }
 }

@@ -437,6 +437,8 @@ pub struct GatewayOptions {
     /// The SQLite file to use instead of a new one in the test's directory: a gateway
     /// restarted on the state an earlier one left.
     pub store_path: Option<PathBuf>,
+    /// The `[log]` table's keys instead of `decisions = <decision_log>`.
+    pub log_toml: Option<String>,
 }
 
 impl Default for GatewayOptions {
@@ -461,6 +463,7 @@ impl Default for GatewayOptions {
             store_url: None,
             master_key_file: None,
             store_path: None,
+            log_toml: None,
         }
     }
 }
@@ -497,6 +500,11 @@ impl Gateway {
         if !options.proxy_toml.is_empty() && !options.proxy_toml.ends_with('\n') {
             toml.push('\n');
         }
+        if !options.proxy_toml.contains("deny_mode") {
+            // Most tests check what is refused, and read it from the CONNECT's own 403; the
+            // tests of how a refusal is shown inside the tunnel (the default) set it.
+            toml.push_str("deny_mode = \"connect\"\n");
+        }
         toml.push_str("[api]\nlisten = \"127.0.0.1:0\"\n");
         toml.push_str(&format!(
             "[tls]\nca_dir = {:?}\n",
@@ -516,10 +524,13 @@ impl Gateway {
             "[policy]\ndir = {:?}\nreload_interval_ms = 100\n",
             policy_dir.display().to_string()
         ));
-        toml.push_str(&format!(
-            "[log]\ndecisions = {:?}\n",
-            decision_log.display().to_string()
-        ));
+        match &options.log_toml {
+            Some(keys) => toml.push_str(&format!("[log]\n{keys}\n")),
+            None => toml.push_str(&format!(
+                "[log]\ndecisions = {:?}\n",
+                decision_log.display().to_string()
+            )),
+        }
         match &options.store_url {
             Some(url) => toml.push_str(&format!("[store]\nurl = {url:?}\n")),
             None => toml.push_str(&format!(
@@ -633,6 +644,23 @@ impl Gateway {
     /// writer thread).
     pub async fn decisions(&self, min: usize) -> Vec<serde_json::Value> {
         self.log_records(min, |r| r["kind"] == "egress").await
+    }
+
+    /// Egress records, once `done` holds for them (records are written by a separate
+    /// thread, so a count short of the full set can be reached before the last one lands).
+    pub async fn decisions_until(
+        &self,
+        done: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let mut records = Vec::new();
+        for _ in 0..250 {
+            records = self.log_records(0, |r| r["kind"] == "egress").await;
+            if done(&records) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        records
     }
 
     /// Policy engine records (`kind: "policy"`) of `layer`.
@@ -970,5 +998,6 @@ pub async fn wait_port_file(port_file: &Path, child: &mut std::process::Child) -
 }
 
 pub mod fakes;
+pub mod own_sdk;
 pub mod postgres;
 pub mod sdk;

@@ -134,20 +134,28 @@ pub struct DaytonaAccount {
     pub auto_stop_minutes: Option<u32>,
     /// How long a create may take until the sandbox runs.
     pub create_timeout: Duration,
+    /// How long one call to Daytona (control plane or toolbox) may take before it counts as
+    /// unanswered; a command's own timeout extends it for exec.
+    pub request_timeout: Duration,
     pub api_key: Secret,
 }
 
-const OPTIONS: [&str; 5] = [
+/// A create may block for up to 30 s at Daytona before it answers.
+const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 60;
+
+const OPTIONS: [&str; 6] = [
     "organization_id",
     "snapshot",
     "target",
     "auto_stop_minutes",
     "create_timeout_secs",
+    "request_timeout_secs",
 ];
 
 impl DaytonaAccount {
     /// Options: `organization_id`, `snapshot`, `target`, `auto_stop_minutes`,
-    /// `create_timeout_secs` (default 180). Errors name the option.
+    /// `create_timeout_secs` (default 180), `request_timeout_secs` (default 60). Errors name
+    /// the option.
     pub fn from_options(
         base_url: Option<&str>,
         options: &BTreeMap<String, String>,
@@ -171,6 +179,8 @@ impl DaytonaAccount {
         };
         let create_timeout_secs =
             positive(options, "create_timeout_secs", "seconds")?.unwrap_or(180);
+        let request_timeout_secs = positive(options, "request_timeout_secs", "seconds")?
+            .unwrap_or(DEFAULT_REQUEST_TIMEOUT_SECS);
         let base_url = base_url.unwrap_or(DEFAULT_BASE_URL).trim_end_matches('/');
         if !(base_url.starts_with("https://") || base_url.starts_with("http://")) {
             return Err((
@@ -185,6 +195,7 @@ impl DaytonaAccount {
             target: text("target"),
             auto_stop_minutes,
             create_timeout: Duration::from_secs(create_timeout_secs),
+            request_timeout: Duration::from_secs(request_timeout_secs),
             api_key,
         })
     }
@@ -213,14 +224,13 @@ impl std::fmt::Debug for Daytona {
 
 impl Daytona {
     pub fn new(account: DaytonaAccount, tls: rustls::ClientConfig) -> Result<Daytona, String> {
-        // A create may block for up to 30 s at Daytona before it answers.
         let http = ProviderHttp::new(
             "daytona",
             &account.base_url,
             Auth::Bearer,
             account.api_key,
             tls,
-            Duration::from_secs(60),
+            account.request_timeout,
         )?;
         Ok(Daytona {
             http,
@@ -780,7 +790,7 @@ fn provider_error(failure: HttpFailure) -> ProviderError {
 
 /// A failed toolbox or lifecycle call, with the toolbox's own `errors` when it gave them.
 fn op_error(failure: HttpFailure) -> OpError {
-    let kind = ERRORS.op_kind(failure.status);
+    let kind = ERRORS.op_kind(&failure);
     // The toolbox's bulk upload answers `{"errors": [...]}`.
     let detail = failure
         .body

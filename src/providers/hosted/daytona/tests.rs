@@ -264,6 +264,7 @@ fn options_are_checked() {
     let a = DaytonaAccount::from_options(None, &opts(&[]), Secret::new("k")).unwrap();
     assert_eq!(a.base_url, "https://app.daytona.io/api");
     assert_eq!(a.create_timeout, Duration::from_secs(180));
+    assert_eq!(a.request_timeout, Duration::from_secs(60));
     assert!(a.organization_id.is_none() && a.snapshot.is_none() && a.target.is_none());
     let a = DaytonaAccount::from_options(
         Some("http://127.0.0.1:9/api/"),
@@ -273,6 +274,7 @@ fn options_are_checked() {
             ("target", "eu"),
             ("auto_stop_minutes", "0"),
             ("create_timeout_secs", "30"),
+            ("request_timeout_secs", "2"),
         ]),
         Secret::new("k"),
     )
@@ -281,6 +283,7 @@ fn options_are_checked() {
     assert_eq!(a.organization_id.as_deref(), Some("org-1"));
     assert_eq!(a.auto_stop_minutes, Some(0));
     assert_eq!(a.create_timeout, Duration::from_secs(30));
+    assert_eq!(a.request_timeout, Duration::from_secs(2));
     for (pairs, field) in [
         (opts(&[("region", "eu")]), "options.region"),
         (
@@ -290,6 +293,10 @@ fn options_are_checked() {
         (
             opts(&[("create_timeout_secs", "0")]),
             "options.create_timeout_secs",
+        ),
+        (
+            opts(&[("request_timeout_secs", "soon")]),
+            "options.request_timeout_secs",
         ),
         (opts(&[("target", " ")]), "options.target"),
     ] {

@@ -38,6 +38,13 @@
 //! sandbox is created, the request is held for [`FakeDaytonaConfig::hang`] and the connection
 //! dropped; listings show it only after [`FakeDaytonaConfig::appear_after`]),
 //! `failed_before_running` (created, then `error` with an `errorReason`), `build_failed`.
+//!
+//! A toolbox fault ([`FakeDaytona::fail_toolbox`], or from another process
+//! `POST /_fake/toolbox-fault {"status": 500}` and `DELETE /_fake/toolbox-fault`, the fake's
+//! own control endpoint, not Daytona's) makes every toolbox call (commands and files) answer
+//! that status in the daemon's error shape until it is cleared, as a daemon failing its
+//! operations does; `{"hang_ms": N}` instead holds every toolbox call N ms before serving
+//! it, as a daemon too slow to answer does (`DELETE` clears both).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, VecDeque};
@@ -340,6 +347,10 @@ struct Inner {
     requests: Vec<Seen>,
     snapshots: Vec<Snapshot>,
     seq: u64,
+    /// The status every toolbox call answers while set.
+    toolbox_fault: Option<StatusCode>,
+    /// How long every toolbox call is held before it is served, while set.
+    toolbox_hang: Option<Duration>,
 }
 
 struct Shared {
@@ -424,6 +435,16 @@ impl FakeDaytona {
 
     pub fn api_key(&self) -> &str {
         &self.shared.config.api_key
+    }
+
+    /// Every toolbox call (commands, files) answers `status` until called with `None`.
+    pub fn fail_toolbox(&self, status: Option<StatusCode>) {
+        self.shared.lock().toolbox_fault = status;
+    }
+
+    /// Every toolbox call is held `hang` before it is served, until called with `None`.
+    pub fn hang_toolbox(&self, hang: Option<Duration>) {
+        self.shared.lock().toolbox_hang = hang;
     }
 
     /// The next creates' outcomes, in order (then `ok`).
@@ -605,6 +626,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Answer, D
             &format!("Cannot GET {path}"),
         ));
     }
+    if path == "/_fake/toolbox-fault" {
+        return Ok(toolbox_fault(&shared, &call));
+    }
     if !authorized {
         return Ok(api_error(&path, StatusCode::UNAUTHORIZED, "Unauthorized"));
     }
@@ -620,6 +644,49 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Answer, D
         StatusCode::NOT_FOUND,
         &format!("Cannot {} {path}", call.method),
     ))
+}
+
+/// The fake's control endpoint: `POST {"status": N}` sets the toolbox fault (a 4xx or 5xx),
+/// `POST {"hang_ms": N}` the toolbox hang, `DELETE` clears both; each answers 204.
+fn toolbox_fault(shared: &Shared, call: &Call) -> Answer {
+    let hang = call.json().and_then(|v| v["hang_ms"].as_u64());
+    let status = match call.method {
+        Method::DELETE => {
+            shared.lock().toolbox_hang = None;
+            None
+        }
+        Method::POST if hang.is_some() => {
+            shared.lock().toolbox_hang = hang.map(Duration::from_millis);
+            return Response::builder()
+                .status(StatusCode::NO_CONTENT)
+                .body(Full::new(Bytes::new()))
+                .expect("response");
+        }
+        Method::POST => {
+            let status = call
+                .json()
+                .and_then(|v| v["status"].as_u64())
+                .and_then(|s| u16::try_from(s).ok())
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .filter(|s| s.is_client_error() || s.is_server_error());
+            match status {
+                Some(s) => Some(s),
+                None => {
+                    return daemon_error(
+                        call,
+                        StatusCode::BAD_REQUEST,
+                        "status: a 4xx or 5xx, or hang_ms",
+                    )
+                }
+            }
+        }
+        _ => return daemon_error(call, StatusCode::METHOD_NOT_ALLOWED, "POST or DELETE"),
+    };
+    shared.lock().toolbox_fault = status;
+    Response::builder()
+        .status(StatusCode::NO_CONTENT)
+        .body(Full::new(Bytes::new()))
+        .expect("response")
 }
 
 fn sandbox_of(path: &str) -> Option<String> {
@@ -1433,8 +1500,19 @@ fn map_path(root: &Path, path: &str) -> Result<PathBuf, String> {
 
 async fn toolbox(shared: &Arc<Shared>, call: &Call, id: &str, rest: &str) -> Answer {
     let id = decode(id);
+    let hang = shared.lock().toolbox_hang;
+    if let Some(hang) = hang {
+        tokio::time::sleep(hang).await;
+    }
     let root = {
         let mut inner = shared.lock();
+        if let Some(status) = inner.toolbox_fault {
+            return daemon_error(
+                call,
+                status,
+                &format!("toolbox of sandbox {id} failed (injected fault)"),
+            );
+        }
         let now = Instant::now();
         inner.sandboxes.iter_mut().for_each(|s| s.settle(now));
         let found = inner

@@ -1,5 +1,10 @@
-//! Diagnostic logging (tracing, to stderr so stdout stays the decision log) and the
-//! Prometheus recorder: the process-wide one, or a [`MetricsScope`] of one gateway's own.
+//! Diagnostic logging (tracing, to stderr so stdout stays the decision log), OpenTelemetry
+//! traces ([`otlp`]) and decision records as OTLP logs ([`otlp_logs`]), and the Prometheus recorder: the process-wide one, or a
+//! [`MetricsScope`] of one gateway's own, both described by the [`catalog`].
+
+pub mod catalog;
+pub mod otlp;
+pub mod otlp_logs;
 
 use std::cell::Cell;
 use std::sync::OnceLock;
@@ -8,22 +13,43 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
 
-/// Installs the tracing subscriber once; later calls are no-ops.
-pub fn init_logging(config: &LogConfig) {
+pub use otlp::{OtlpError, TelemetryConfig, Traces};
+pub use otlp_logs::{DecisionEvent, DecisionExport};
+
+/// Installs the tracing subscriber once (later calls are no-ops): diagnostics to stderr
+/// filtered by `[log] level`, and, when `[telemetry] otlp_endpoint` is set, spans to the
+/// collector. The returned [`Traces`] must be shut down to flush them.
+pub fn init(config: &LogConfig, telemetry: &TelemetryConfig) -> Result<Traces, OtlpError> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal;
     // Colour only for a person at a terminal; log files and collectors get plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    let _ = if config.format == "json" {
-        builder.json().flatten_event(true).try_init()
-    } else {
-        builder.try_init()
+    let fmt = match config.format == "json" {
+        true => fmt.json().flatten_event(true).with_filter(filter).boxed(),
+        false => fmt.with_filter(filter).boxed(),
     };
+    let provider = otlp::provider(telemetry)?;
+    let traces = match &provider {
+        Some(provider) => Some(otlp::layer(provider, telemetry)?),
+        None => None,
+    };
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(traces)
+        .try_init();
+    Ok(Traces(provider))
+}
+
+/// Diagnostics only (no traces): for commands other than `serve`.
+pub fn init_logging(config: &LogConfig) {
+    let _ = init(config, &TelemetryConfig::default());
 }
 
 /// How often histogram samples are folded into their summaries.
@@ -67,17 +93,20 @@ fn global_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// A recorder builder with every catalog histogram's buckets: no latency is a summary.
 fn builder() -> PrometheusBuilder {
-    // Policy evaluation is microseconds: buckets around the 10 µs target make it a real
-    // histogram (quantiles need no client-side state and aggregate).
-    PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full("sandgate_policy_eval_seconds".into()),
-            &[
-                1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 1e-1,
-            ],
-        )
-        .unwrap_or_else(|_| PrometheusBuilder::new())
+    let mut builder = PrometheusBuilder::new();
+    for family in catalog::FAMILIES {
+        let Some(buckets) = family.buckets else {
+            continue;
+        };
+        builder = match builder.set_buckets_for_metric(Matcher::Full(family.name.into()), buckets) {
+            Ok(b) => b,
+            // Only an empty bucket list fails; the catalog test rules that out.
+            Err(_) => PrometheusBuilder::new(),
+        };
+    }
+    builder
 }
 
 /// One gateway's own recorder, for processes that run several gateways (the integration
@@ -156,6 +185,16 @@ impl Drop for ActiveGauge {
     }
 }
 
+/// `[log] decisions_queue` by default: records queued for the decision log's writer at most;
+/// past it the request path drops them (counted in `sandgate_decision_log_dropped_total`)
+/// rather than wait or grow. A queued egress record keeps its policy input alive, so this
+/// bounds what a stalled writer (a slow disk, a starved core) can hold. The writer drains
+/// every 5 ms while busy, and 8,192 records are ~0.37 s of keep-alive requests at 22k/s, far
+/// more than one drain finds. Measured with the sink a FIFO nobody reads, under the egress
+/// bench's keep-alive load: the process grew by 157 MiB with 65,536 (the old bound; ~2.3 KiB
+/// per queued record of that bench's requests) and by 28 MiB with 8,192.
+pub const DECISIONS_QUEUE: usize = 8_192;
+
 /// `[log]`: diagnostic logs and the decision log.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -170,6 +209,17 @@ pub struct LogConfig {
     /// show its program, argument count and a hash (arguments carry secrets, such as
     /// `curl -u user:pass`). Policy sees the whole argv either way.
     pub full_argv: bool,
+    /// Most recent decision records kept in memory for `GET /v1/decisions` and `sandgate
+    /// logs` (0: no ring, the API answers 503 `decisions_unavailable`).
+    pub decisions_ring: usize,
+    /// Bytes those records may take (their JSON text plus a small overhead each); the oldest
+    /// go first when either bound is reached.
+    pub decisions_ring_bytes: usize,
+    /// Concurrent `GET /v1/decisions/stream` streams; beyond it 429 `rate_limited`.
+    pub decisions_streams_max: usize,
+    /// Records waiting for the decision-log writer at most; past it they are dropped and
+    /// counted (`sandgate_decision_log_dropped_total`), never waited for.
+    pub decisions_queue: usize,
 }
 
 impl Default for LogConfig {
@@ -179,6 +229,10 @@ impl Default for LogConfig {
             format: "text".into(),
             level: "info".into(),
             full_argv: false,
+            decisions_ring: 10_000,
+            decisions_ring_bytes: 8 << 20,
+            decisions_streams_max: 32,
+            decisions_queue: DECISIONS_QUEUE,
         }
     }
 }

@@ -1,0 +1,164 @@
+use super::*;
+
+fn ring(max_records: usize, max_bytes: usize) -> Arc<DecisionRing> {
+    DecisionRing::new(RingLimits {
+        max_records,
+        max_bytes,
+    })
+    .expect("enabled")
+}
+
+fn meta(sandbox: &str, workspace: &str, decision: &'static str) -> Meta {
+    Meta {
+        sandbox: Some(sandbox.into()),
+        workspace: Some(workspace.into()),
+        layer: "egress",
+        decision,
+    }
+}
+
+#[test]
+fn zero_disables() {
+    for (records, bytes) in [(0, 1 << 20), (10, 0)] {
+        assert!(DecisionRing::new(RingLimits {
+            max_records: records,
+            max_bytes: bytes
+        })
+        .is_none());
+    }
+}
+
+#[test]
+fn the_count_bound_holds_under_many_records() {
+    let r = ring(100, 1 << 30);
+    for i in 0..10_000u32 {
+        r.push(
+            meta("sb", "ws", "allow"),
+            format!("{{\"n\":{i}}}").into_bytes(),
+        );
+        assert!(r.usage().0 <= 100);
+    }
+    let (page, _) = r.page(&Filter::default(), None, 500);
+    assert_eq!(page.len(), 100);
+    // The newest survive, newest first.
+    assert_eq!(page[0].seq, 10_000);
+    assert_eq!(page[99].seq, 9_901);
+    assert_eq!(&*page[0].json, b"{\"n\":9999}");
+}
+
+#[test]
+fn the_byte_bound_holds_under_many_records_of_any_size() {
+    let max = 64 * 1024;
+    let r = ring(1_000_000, max);
+    let mut sizes = 0usize;
+    for i in 0..5_000usize {
+        let len = (i * 7919) % 4000;
+        r.push(meta("sb", "ws", "deny"), vec![b'x'; len]);
+        sizes += len;
+        let (_, bytes) = r.usage();
+        assert!(bytes <= max, "{bytes} > {max}");
+    }
+    assert!(sizes > 10 * max);
+    // Accounting matches what is held.
+    let (count, bytes) = r.usage();
+    let (page, _) = r.page(&Filter::default(), None, usize::MAX);
+    assert_eq!(page.len(), count);
+    assert_eq!(page.iter().map(|s| s.cost()).sum::<usize>(), bytes);
+    // A record bigger than the whole bound is not kept, and evicts nothing.
+    r.push(meta("sb", "ws", "deny"), vec![b'y'; max + 1]);
+    assert_eq!(r.usage(), (count, bytes));
+}
+
+#[test]
+fn pages_are_newest_first_filtered_and_chained_by_cursor() {
+    let r = ring(1000, 1 << 20);
+    for i in 0..50u32 {
+        let ws = if i % 2 == 0 { "even" } else { "odd" };
+        let decision = if i % 5 == 0 { "deny" } else { "allow" };
+        r.push(meta(&format!("sb{}", i % 3), ws, decision), b"{}".to_vec());
+    }
+    let filter = Filter {
+        workspace: Some("even".into()),
+        ..Filter::default()
+    };
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (page, next) = r.page(&filter, cursor, 7);
+        assert!(page.len() <= 7);
+        seen.extend(page.iter().map(|s| s.seq));
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let expected: Vec<u64> = (1..=50u64).rev().filter(|s| (s - 1) % 2 == 0).collect();
+    assert_eq!(seen, expected);
+    let denials = Filter {
+        decision: Some("deny".into()),
+        sandbox: Some("sb0".into()),
+        ..Filter::default()
+    };
+    let (page, next) = r.page(&denials, None, 100);
+    assert_eq!(next, None);
+    // i % 5 == 0 and i % 3 == 0: i in {0, 15, 30, 45}.
+    assert_eq!(
+        page.iter().map(|s| s.seq).collect::<Vec<_>>(),
+        vec![46, 31, 16, 1]
+    );
+}
+
+#[test]
+fn deny_matches_errors_and_since_cuts_older_records() {
+    let r = ring(10, 1 << 20);
+    r.push(meta("a", "w", "error"), b"{}".to_vec());
+    r.push(meta("a", "w", "allow"), b"{}".to_vec());
+    let deny = Filter {
+        decision: Some("deny".into()),
+        ..Filter::default()
+    };
+    assert_eq!(r.page(&deny, None, 10).0.len(), 1);
+    let future = Filter {
+        since_ms: Some(u64::MAX),
+        ..Filter::default()
+    };
+    assert!(r.page(&future, None, 10).0.is_empty());
+}
+
+#[test]
+fn after_reads_on_from_a_cursor_and_reports_what_was_missed() {
+    let r = ring(5, 1 << 20);
+    for _ in 0..3 {
+        r.push(meta("a", "w", "allow"), b"{}".to_vec());
+    }
+    let read = r.after(&Filter::default(), 1, 100);
+    assert!(!read.missed);
+    assert_eq!(
+        read.records.iter().map(|s| s.seq).collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+    assert_eq!(read.cursor, 3);
+    for _ in 0..10 {
+        r.push(meta("a", "w", "allow"), b"{}".to_vec());
+    }
+    // Records 4..=8 were evicted before being read.
+    let read = r.after(&Filter::default(), 3, 2);
+    assert!(read.missed);
+    assert_eq!(
+        read.records.iter().map(|s| s.seq).collect::<Vec<_>>(),
+        vec![9, 10]
+    );
+    assert_eq!(read.cursor, 10);
+    // Nothing matches: the cursor still moves to the newest record.
+    let none = Filter {
+        sandbox: Some("nobody".into()),
+        ..Filter::default()
+    };
+    let read = r.after(&none, 10, 100);
+    assert!(read.records.is_empty());
+    assert_eq!(read.cursor, 13);
+    // A cursor from an earlier process (past the newest) reads on from now.
+    let read = r.after(&Filter::default(), 1_000, 100);
+    assert!(read.records.is_empty() && !read.missed);
+    assert_eq!(read.cursor, 13);
+}
