@@ -93,6 +93,8 @@ pub async fn explain(
         super::decisions::stream,
         super::sandbox_ops::exec,
         super::sandbox_ops::cancel,
+        super::pty::pty,
+        super::pty::stdin,
         super::sandbox_ops::read_file,
         super::sandbox_ops::write_file,
         super::sandbox_ops::list_dir,

@@ -79,6 +79,7 @@ mod enter;
 mod exec;
 mod fs;
 mod limits;
+mod pty;
 pub mod seccomp;
 mod usage;
 
@@ -97,6 +98,7 @@ use tokio::process::Command;
 pub use cgroup::CgroupMode;
 pub use exec::{ExecCanceller, ExecEvent, ExecHandle, ExecOutput, ExitInfo, ExitReason};
 pub use limits::LimitHits;
+pub use pty::{signal_number, ExecInput, WinSize, ALLOWED_SIGNALS};
 pub use usage::Usage;
 
 /// The variables that carry the path of the gateway CA inside the sandbox.
@@ -295,6 +297,12 @@ pub struct ExecRequest {
     pub cwd: Option<String>,
     /// Kill the process tree after this long.
     pub timeout: Option<Duration>,
+    /// Run on a terminal of this size (a pseudo-terminal, see `pty.rs`); input through
+    /// [`ExecHandle::take_input`].
+    pub tty: Option<WinSize>,
+    /// Without a terminal: stdin is a pipe fed through [`ExecHandle::take_input`] (else
+    /// `/dev/null`).
+    pub stdin: bool,
 }
 
 impl ExecRequest {
@@ -866,11 +874,15 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
         cmd.args(&request.argv[1..])
             .env_clear()
             .envs(env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
             .kill_on_drop(true);
+        let io = pty::Io::open(request.tty, request.stdin, self.config.uid, self.config.gid);
+        let master = match io.and_then(|io| io.configure(&mut cmd)) {
+            Ok(master) => master,
+            Err(e) => {
+                remove_group();
+                return Err(LocalboxError::setup("opening the command's terminal", e));
+            }
+        };
         join_cgroups_before_exec(&mut cmd, join);
         entry.before_exec(&mut cmd);
         let spawned = enter::spawn_in_pid_ns(pidns, cmd).await;
@@ -883,7 +895,17 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             }
         };
         let pgid = child.id().unwrap_or(0);
-        exec::drive(child, exec::Killer { freezer, pgid }, request.timeout)
+        master
+            .map(pty::Master::new)
+            .transpose()
+            .and_then(|master| {
+                exec::drive(
+                    child,
+                    exec::Killer { freezer, pgid },
+                    request.timeout,
+                    master,
+                )
+            })
             .map_err(|e| LocalboxError::setup("starting the exec", e))
     }
 

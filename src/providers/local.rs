@@ -32,14 +32,17 @@ use std::sync::{Arc, Mutex};
 use serde::Deserialize;
 
 use super::local_limits::{self, LocalLimits, Resolved, Watch};
-use super::ops::{ExecSpec, ExecStream, Lifecycle, OpError, OpErrorKind, SandboxEntry};
+use super::ops::{
+    ExecSpec, ExecStream, InputMode, InteractiveStream, Lifecycle, OpError, OpErrorKind,
+    SandboxEntry,
+};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, Provider, ProviderError,
     RuntimeCapabilities, SnapshotInfo, Tags, Usage,
 };
 use crate::egress::EgressState;
 use crate::localbox::{
-    ExecRequest, Limits, LocalRuntime, LocalboxError, RuntimeConfig, SandboxSpec,
+    ExecHandle, ExecRequest, Limits, LocalRuntime, LocalboxError, RuntimeConfig, SandboxSpec,
 };
 
 pub struct LocalProvider {
@@ -313,7 +316,7 @@ impl Provider for LocalProvider {
             Ok(RuntimeCapabilities {
                 public_ports: false,
                 pause_resume: self.runtime.capabilities().freezer,
-                pty: false,
+                pty: true,
                 ..RuntimeCapabilities::FULL
             })
         })
@@ -325,22 +328,31 @@ impl Provider for LocalProvider {
         spec: ExecSpec,
     ) -> BoxFuture<'a, Result<ExecStream, OpError>> {
         Box::pin(async move {
-            let handle = self
-                .runtime
-                .exec(
-                    instance_id,
-                    ExecRequest {
-                        argv: spec.argv,
-                        env: spec.env,
-                        cwd: spec.cwd,
-                        timeout: spec.timeout,
-                    },
-                )
-                .await?;
-            let (events, canceller) = handle.into_parts();
-            Ok(ExecStream {
-                events,
-                cancel: Arc::new(move || canceller.cancel()),
+            let handle = self.runtime.exec(instance_id, exec_request(spec)).await?;
+            Ok(exec_stream(handle))
+        })
+    }
+
+    fn exec_interactive<'a>(
+        &'a self,
+        instance_id: &'a str,
+        spec: ExecSpec,
+        mode: InputMode,
+    ) -> BoxFuture<'a, Result<InteractiveStream, OpError>> {
+        Box::pin(async move {
+            let mut request = exec_request(spec);
+            match mode {
+                InputMode::Terminal(size) => request.tty = Some(size),
+                InputMode::Stdin => request.stdin = true,
+            }
+            let mut handle = self.runtime.exec(instance_id, request).await?;
+            // A command that could not start has no input; its stream says why.
+            let input = handle
+                .take_input()
+                .unwrap_or_else(|| tokio::sync::mpsc::channel(1).0);
+            Ok(InteractiveStream {
+                stream: exec_stream(handle),
+                input,
             })
         })
     }
@@ -554,5 +566,23 @@ impl Default for LocalConfig {
             defaults: LocalLimits::default(),
             max: LocalLimits::default(),
         }
+    }
+}
+
+fn exec_request(spec: ExecSpec) -> ExecRequest {
+    ExecRequest {
+        argv: spec.argv,
+        env: spec.env,
+        cwd: spec.cwd,
+        timeout: spec.timeout,
+        ..ExecRequest::default()
+    }
+}
+
+fn exec_stream(handle: ExecHandle) -> ExecStream {
+    let (events, canceller) = handle.into_parts();
+    ExecStream {
+        events,
+        cancel: Arc::new(move || canceller.cancel()),
     }
 }

@@ -39,7 +39,10 @@ use serde::{Deserialize, Serialize};
 
 use sandgate_router::Request;
 
-pub use ops::{ExecSpec, ExecStream, OpError, OpErrorKind, SandboxEntry, SnapshotInfo, Usage};
+pub use ops::{
+    ExecSpec, ExecStream, InputMode, InteractiveStream, OpError, OpErrorKind, SandboxEntry,
+    SnapshotInfo, Usage,
+};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -508,6 +511,18 @@ pub trait Provider: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<ExecStream, OpError>> {
         let _ = (instance_id, spec);
         Box::pin(async { Err(OpError::unsupported(self.kind(), "exec")) })
+    }
+    /// Starts a command that takes input while it runs: on a terminal, or with a stdin
+    /// pipe. Adapters whose provider offers neither answer `unsupported` (501), naming
+    /// `pty` or `exec.stdin`.
+    fn exec_interactive<'a>(
+        &'a self,
+        instance_id: &'a str,
+        spec: ExecSpec,
+        mode: InputMode,
+    ) -> BoxFuture<'a, Result<InteractiveStream, OpError>> {
+        let _ = (instance_id, spec);
+        Box::pin(async move { Err(OpError::unsupported(self.kind(), mode.operation())) })
     }
     fn read_file<'a>(
         &'a self,
