@@ -129,6 +129,9 @@ impl ExecOutput {
 pub(crate) struct Killer {
     pub freezer: Option<PathBuf>,
     pub pgid: u32,
+    /// The command leads a session (it has a terminal): its shell's jobs run in process
+    /// groups of their own, so the whole session is killed too.
+    pub session: bool,
 }
 
 impl Killer {
@@ -137,6 +140,9 @@ impl Killer {
             if let Err(e) = cgroup::kill_group(dir).await {
                 tracing::warn!(error = %e, "localbox: killing an exec's cgroup failed");
             }
+        }
+        if self.session {
+            pty::kill_session(self.pgid);
         }
         if let Ok(pgid) = libc::pid_t::try_from(self.pgid) {
             if pgid > 1 {

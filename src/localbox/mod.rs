@@ -876,6 +876,7 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             .envs(env)
             .kill_on_drop(true);
         let io = pty::Io::open(request.tty, request.stdin, self.config.uid, self.config.gid);
+        let session = request.tty.is_some();
         let master = match io.and_then(|io| io.configure(&mut cmd)) {
             Ok(master) => master,
             Err(e) => {
@@ -899,12 +900,12 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             .map(pty::Master::new)
             .transpose()
             .and_then(|master| {
-                exec::drive(
-                    child,
-                    exec::Killer { freezer, pgid },
-                    request.timeout,
-                    master,
-                )
+                let killer = exec::Killer {
+                    freezer,
+                    pgid,
+                    session,
+                };
+                exec::drive(child, killer, request.timeout, master)
             })
             .map_err(|e| LocalboxError::setup("starting the exec", e))
     }

@@ -351,9 +351,56 @@ fn signal(sink: &Sink, pgid: u32, sig: i32) {
     }
 }
 
+/// Kills (SIGKILL) every process of session `sid` (host pids, as `/proc` shows them here):
+/// the jobs an interactive shell started in process groups of their own. A process that
+/// leaves with `setsid` of its own is not found this way; the exec's cgroup, where there is
+/// one, catches it.
+pub(crate) fn kill_session(sid: u32) {
+    let Ok(sid) = libc::pid_t::try_from(sid) else {
+        return;
+    };
+    if sid <= 1 {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        if session_of(pid) == Some(sid) {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The session of `pid` from `/proc/<pid>/stat` (fields after the command name, which may
+/// hold anything but ends at the last `)`: state, ppid, pgrp, session).
+fn session_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(3)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_process_has_a_session() {
+        let me = std::process::id() as libc::pid_t;
+        // SAFETY: getsid has no preconditions.
+        assert_eq!(session_of(me), Some(unsafe { libc::getsid(0) }));
+        assert_eq!(session_of(-1), None);
+    }
 
     #[test]
     fn signal_names() {
