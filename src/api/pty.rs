@@ -65,7 +65,7 @@ const DEFAULT_SHELL: &str = "command -v bash >/dev/null 2>&1 && exec bash || exe
 
 pub fn routes() -> Router<ApiState> {
     Router::new()
-        .route("/v1/sandboxes/{id}/pty", get(pty).post(pty))
+        .route("/v1/sandboxes/{id}/pty", get(pty).post(pty_post))
         .route("/v1/sandboxes/{id}/exec/{exec_id}/stdin", post(stdin))
 }
 
@@ -147,6 +147,28 @@ pub async fn pty(
         headers.insert(header::SEC_WEBSOCKET_ACCEPT, value);
     }
     response
+}
+
+/// The same session opened with `POST` (for clients that can send the upgrade on it).
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/pty",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id; the query parameters are the GET form's")),
+    responses(
+        (status = 101, description = "WebSocket, as GET /v1/sandboxes/{id}/pty"),
+        (status = 403, description = "policy_denied (layer sandgate.action, operation pty)"),
+        (status = 426, description = "upgrade_required: not a WebSocket handshake"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn pty_post(
+    state: State<ApiState>,
+    caller: ActionCaller,
+    id: Path<String>,
+    request: Request,
+) -> Response {
+    pty(state, caller, id, request).await
 }
 
 /// 426 in the error shape, naming the protocol to upgrade to.

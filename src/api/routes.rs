@@ -94,6 +94,7 @@ pub async fn explain(
         super::sandbox_ops::exec,
         super::sandbox_ops::cancel,
         super::pty::pty,
+        super::pty::pty_post,
         super::pty::stdin,
         super::sandbox_ops::read_file,
         super::sandbox_ops::write_file,
