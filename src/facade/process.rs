@@ -480,12 +480,20 @@ mod tests {
 
     #[test]
     fn a_timed_out_command_ends_the_stream_with_deadline_exceeded() {
-        let frames = frames_of(ExecEvent::Exit(crate::providers::ops::ExitInfo {
+        let exit = crate::providers::ops::ExitInfo {
             code: None,
             signal: Some(9),
             reason: ExitReason::TimedOut,
-        }));
+        };
+        let frames = frames_of(ExecEvent::Exit(exit), false);
         assert_eq!(frames.len(), 1);
+        // A terminal's output is `data.pty`, a command's `data.stdout`.
+        let data = |pty: bool| {
+            let frame = &frames_of(ExecEvent::Stdout("hi".into()), pty)[0];
+            serde_json::from_slice::<Value>(&frame[5..]).unwrap()["event"]["data"].clone()
+        };
+        assert_eq!(data(true), json!({"pty": "aGk="}));
+        assert_eq!(data(false), json!({"stdout": "aGk="}));
         assert_eq!(frames[0][0], connect::END_STREAM);
         let body: Value = serde_json::from_slice(&frames[0][5..]).unwrap();
         assert_eq!(body["error"]["code"], "deadline_exceeded");
