@@ -728,4 +728,22 @@ mod tests {
         );
         assert!(e.message.contains("metrics"), "{}", e.message);
     }
+
+    #[tokio::test]
+    async fn a_provider_without_terminals_or_stdin_answers_unsupported_naming_which() {
+        // Only adapters that run their own processes (local) offer these; the rest are 501.
+        let sim = simulated::SimulatedProvider::new("p", Default::default()).unwrap();
+        let size = ops::WinSize::DEFAULT;
+        for (mode, named) in [
+            (InputMode::Terminal(size), "pty"),
+            (InputMode::Stdin, "exec.stdin"),
+        ] {
+            let spec = ExecSpec::default();
+            let Err(e) = sim.exec_interactive("i-1", spec, mode).await else {
+                panic!("the simulated provider started an interactive command");
+            };
+            assert_eq!(e.kind, OpErrorKind::Unsupported);
+            assert!(e.message.ends_with(named), "{}", e.message);
+        }
+    }
 }
