@@ -643,6 +643,45 @@ async fn bash_completes_sandbox_ids_from_the_gateway() {
     );
 }
 
+/// Zsh completes `sandgate sandbox get <TAB>` with the gateway's sandbox ids: the script is
+/// loaded under compinit as a user's `.zshrc` would, and `_sandgate` is called with the
+/// words of that command line (`compadd`, a builtin only inside a completion widget, is a
+/// function here that prints what it is given).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zsh_completes_sandbox_ids_from_the_gateway() {
+    let Some(zsh) = which("zsh") else {
+        assert!(!in_ci(), "zsh is missing: .ci/run installs it");
+        eprintln!("SKIPPED zsh_completes_sandbox_ids_from_the_gateway: no zsh");
+        return;
+    };
+    let gw = gateway().await;
+    let id = cli(&gw, &["sandbox", "create", "-q"]).await.stdout;
+    let bin_dir = std::path::Path::new(BIN)
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let script = "autoload -U compinit && compinit -u -D && source <(sandgate completions zsh) \
+         && compadd() { print -rl -- \"${@[2,-1]}\"; } \
+         && words=(sandgate sandbox get '') && CURRENT=4 && _sandgate \
+         && whence -w _sandgate_clap";
+    let out = tokio::process::Command::new(zsh)
+        .args(["-f", "-c", script])
+        .env(
+            "PATH",
+            format!("{bin_dir}:{}", std::env::var("PATH").unwrap()),
+        )
+        .env("SANDGATE_URL", gw.api(""))
+        .env("SANDGATE_TOKEN", TOKEN)
+        .output()
+        .await
+        .expect("zsh runs");
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}{err}");
+    assert_eq!(said, format!("{id}_sandgate_clap: function\n"), "{err}");
+}
+
 #[test]
 fn policy_eval_exits_1_on_a_denial_and_2_on_an_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -331,11 +331,19 @@ async fn origin_handle(
         .unwrap()
 }
 
-/// A TCP echo server (for opaque tunnels).
 /// Serves `router` over TLS on an ephemeral loopback port (the token endpoint fakes).
 pub async fn serve_router(router: axum::Router, tls: Arc<rustls::ServerConfig>) -> SocketAddr {
+    serve_router_at("127.0.0.1:0", router, tls).await
+}
+
+/// [`serve_router`] on a given address (a fixed port, another loopback address).
+pub async fn serve_router_at(
+    addr: &str,
+    router: axum::Router,
+    tls: Arc<rustls::ServerConfig>,
+) -> SocketAddr {
     use tower_service::Service as _;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = TcpListener::bind(addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
@@ -360,6 +368,7 @@ pub async fn serve_router(router: axum::Router, tls: Arc<rustls::ServerConfig>) 
     addr
 }
 
+/// A TCP echo server (for opaque tunnels).
 pub async fn start_tcp_echo() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
