@@ -295,6 +295,9 @@ pub struct ExecRequest {
     pub cwd: Option<String>,
     /// Kill the process tree after this long.
     pub timeout: Option<Duration>,
+    /// Run as this uid and gid instead of [`RuntimeConfig`]'s (the caller checked that the
+    /// pool declares them).
+    pub user: Option<(u32, u32)>,
 }
 
 impl ExecRequest {
@@ -849,19 +852,15 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
                 let _ = std::fs::remove_dir(dir);
             }
         };
-        let (entry, pidns) = match enter::Entry::open(
-            init.pid1,
-            &cwd,
-            self.config.uid,
-            self.config.gid,
-            self.filter.clone(),
-        ) {
-            Ok(opened) => opened,
-            Err(e) => {
-                remove_group();
-                return Err(LocalboxError::setup("entering the sandbox", e));
-            }
-        };
+        let (uid, gid) = request.user.unwrap_or((self.config.uid, self.config.gid));
+        let (entry, pidns) =
+            match enter::Entry::open(init.pid1, &cwd, uid, gid, self.filter.clone()) {
+                Ok(opened) => opened,
+                Err(e) => {
+                    remove_group();
+                    return Err(LocalboxError::setup("entering the sandbox", e));
+                }
+            };
         let mut cmd = Command::new(&request.argv[0]);
         cmd.args(&request.argv[1..])
             .env_clear()
