@@ -103,19 +103,11 @@ fn the_quickstart_blocks_run_against_a_real_gateway() {
     )
     .unwrap();
     let (mut gateway, api) = serve(dir.path(), &config);
-    let bin_dir = std::path::Path::new(BIN)
-        .parent()
-        .unwrap()
-        .display()
-        .to_string();
     let script = format!("set -euo pipefail\n{}\n", quickstart.join("\n"));
     let out = Command::new("bash")
         .args(["-c", &script])
         .current_dir(dir.path())
-        .env(
-            "PATH",
-            format!("{bin_dir}:{}", std::env::var("PATH").unwrap()),
-        )
+        .env("PATH", path_with_sandgate())
         .env("SANDGATE_URL", &api)
         .env_remove("SANDGATE_TOKEN")
         .env("GITHUB_TOKEN", "ghp_readme_test_0123456789")

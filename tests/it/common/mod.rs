@@ -984,6 +984,14 @@ impl Drop for ChildGuard {
 }
 
 /// A script in `tests/fixtures`.
+/// `PATH` with the directory of the `sandgate` binary under test first, for scripts that
+/// run `sandgate` by name (completion scripts, the README's blocks).
+pub fn path_with_sandgate() -> String {
+    let bin = Path::new(env!("CARGO_BIN_EXE_sandgate"));
+    let dir = bin.parent().unwrap().display();
+    format!("{dir}:{}", std::env::var("PATH").unwrap_or_default())
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
