@@ -712,6 +712,9 @@ fn declare_default_resources(
     if caps.disk_limit {
         resources.disk_gb = Some(max.disk_mb / 1024).filter(|gb| *gb > 0);
     }
+    if caps.pids_limit {
+        resources.pids = Some(max.pids);
+    }
 }
 
 /// What every local pool declares of this machine, configured or default: the limits it

@@ -760,6 +760,9 @@ class Resources(TypedDict, total=False):
     gpu: Optional[int]
     gpu_type: Optional["Name"]
     memory_mb: Optional[int]
+    #: Processes and threads alive at once (a pool that does not declare a limit cannot
+    #: satisfy it).
+    pids: Optional[int]
 
 
 class RetryRecord(TypedDict):

@@ -957,6 +957,11 @@ export interface Resources {
   gpu?: number | null;
   gpu_type?: null | Name;
   memory_mb?: number | null;
+  /**
+   * Processes and threads alive at once (a pool that does not declare a limit cannot
+   * satisfy it).
+   */
+  pids?: number | null;
 }
 
 /**
