@@ -1063,6 +1063,21 @@ mod tests {
     }
 
     #[test]
+    fn local_on_shutdown_is_keep_or_stop() {
+        use crate::providers::local::OnShutdown;
+        assert_eq!(
+            Config::from_toml("").unwrap().local.on_shutdown,
+            OnShutdown::Keep
+        );
+        let stop = Config::from_toml("[local]\non_shutdown = \"stop\"\n").unwrap();
+        assert_eq!(stop.local.on_shutdown, OnShutdown::Stop);
+        let err = Config::from_toml("[local]\non_shutdown = \"pause\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("on_shutdown") || err.contains("keep"), "{err}");
+    }
+
+    #[test]
     fn a_prime_gateway_pool_needs_an_address_prime_can_allow() {
         let topology = |url: &str| {
             format!(
