@@ -944,7 +944,7 @@ impl Config {
         if self.local.dir == self.local.snapshot_dir {
             return Err(ConfigError::invalid(
                 "local.snapshot_dir",
-                "must differ from local.dir (orphaned sandboxes are purged from local.dir)",
+                "must differ from local.dir (whatever local.dir holds that cannot be re-adopted is removed)",
             ));
         }
         let c = &self.create;

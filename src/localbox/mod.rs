@@ -70,6 +70,10 @@
 //! * A snapshot is a tar of `/home/user` and `/tmp`; [`SandboxSpec::from_snapshot`]
 //!   restores one into a new sandbox, extracted *inside* that sandbox as its user so a
 //!   crafted archive cannot write outside it.
+//! * A sandbox is independent of the process that made it: its init is not killed when
+//!   that process dies, and `state.json` / `life.json` in its directory record what a
+//!   later process needs to re-adopt it ([`LocalRuntime::recover`]; the `recover` module
+//!   has the contract). Exec streams are the exception: they end with their process.
 //! * Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN, ...): [`LocalRuntime::new`] fails with
 //!   [`LocalboxError::Privileges`] naming what is missing. Unprivileged user namespaces
 //!   are not used (yet).
@@ -349,9 +353,10 @@ struct Tools {
 /// The local sandbox runtime. Share it behind an `Arc`; all methods take `&self`.
 ///
 /// Dropping the runtime deletes every sandbox it manages (processes, cgroups, network
-/// namespaces, directories), blocking until done: sandboxes do not outlive the gateway
-/// that runs them. After a crash, [`LocalRuntime::purge_orphans`] at the next start
-/// removes what was left.
+/// namespaces, directories), blocking until done, unless [`LocalRuntime::keep_running`]
+/// was called. A sandbox also outlives a process that dies without dropping the runtime
+/// (`kill -9`). At the next start, [`LocalRuntime::recover`] re-adopts what is intact and
+/// removes the rest (see `recover`); [`LocalRuntime::purge_orphans`] removes everything.
 #[derive(Debug)]
 pub struct LocalRuntime {
     config: RuntimeConfig,

@@ -24,7 +24,8 @@
 //!   (the recorded init is not in the sandbox's namespace), `proxy_port_taken` (something in
 //!   the sandbox bound the proxy port while no gateway held it).
 //! - What does not survive: exec streams (their output went to the previous process; the
-//!   processes an exec left running carry on) and the limit counters' history.
+//!   processes an exec left running carry on). The kernel's limit counters do; the creator
+//!   rebuilds its limit events from them (one per limit met before the restart).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};

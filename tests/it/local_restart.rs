@@ -276,6 +276,8 @@ allow_private = ["127.0.0.0/8"]
             processes_rooted_in(&dir).is_empty(),
             "processes of {instance} are left"
         );
+        let group = cgroup_named(Path::new("/sys/fs/cgroup"), instance, 0);
+        assert!(group.is_none(), "cgroup {group:?} is left");
     }
 
     fn init_pid(&self, instance: &str) -> u32 {
@@ -296,6 +298,25 @@ fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     done()
+}
+
+/// A cgroup directory named `name` anywhere under `dir` (any hierarchy).
+fn cgroup_named(dir: &Path, name: &str, depth: usize) -> Option<PathBuf> {
+    if depth > 10 {
+        return None;
+    }
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if entry.file_name() == name {
+            return Some(entry.path());
+        }
+        if let Some(found) = cgroup_named(&entry.path(), name, depth + 1) {
+            return Some(found);
+        }
+    }
+    None
 }
 
 fn netns_with_prefix(prefix: &str) -> Vec<String> {
@@ -356,6 +377,11 @@ async fn sandboxes_survive_sigkill_and_sigterm_and_a_broken_one_fails_with_its_r
         kept.push((id, instance));
     }
     let (broken, broken_instance) = w.create(&gw).await;
+    // A paused one stays paused (frozen) across the restart.
+    let (paused, paused_instance) = w.create(&gw).await;
+    w.populate(&gw, &paused).await;
+    w.call(&gw, "POST", &format!("/v1/sandboxes/{paused}/pause"), None)
+        .await;
 
     // SIGKILL; meanwhile the fourth sandbox's init dies (and its whole PID namespace).
     kill_9(gw);
@@ -371,6 +397,11 @@ async fn sandboxes_survive_sigkill_and_sigterm_and_a_broken_one_fails_with_its_r
     }
     w.assert_failed(&gw, &broken, &broken_instance, "init_gone")
         .await;
+    assert_eq!(w.get(&gw, &paused).await["state"], "paused");
+    w.call(&gw, "POST", &format!("/v1/sandboxes/{paused}/resume"), None)
+        .await;
+    w.assert_intact(&gw, &paused, &paused_instance).await;
+    kept.push((paused, paused_instance));
 
     // A sandbox the restarted gateway made, broken while the gateway is down: its
     // namespace is deleted. SIGTERM leaves the others running (on_shutdown = "keep").
