@@ -457,3 +457,38 @@ async fn on_shutdown_stop_deletes_the_sandboxes_at_a_graceful_stop() {
     );
     terminate(gw);
 }
+
+#[tokio::test]
+async fn a_sandbox_that_takes_its_proxy_port_while_no_gateway_runs_is_failed_not_served() {
+    let Some(w) = world("squat", "sgq-").await else {
+        return;
+    };
+    if !Path::new("/usr/bin/python3").exists() {
+        // The squatter needs something that can listen; the sandbox sees the host's /usr.
+        eprintln!("python3 not installed: local_restart::squat skipped");
+        return;
+    }
+    w.write_config("keep");
+    let gw = w.serve();
+    let (id, instance) = w.create(&gw).await;
+    // Tries to listen on the proxy port until it can: as soon as no gateway holds it.
+    let squat = "(while :; do python3 -c 'import socket,time\n\
+                 s=socket.socket(); s.bind((\"127.0.0.1\", 3128)); s.listen(); time.sleep(3600)' \
+                 2>/dev/null; sleep 0.1; done) >/dev/null 2>&1 </dev/null &";
+    let (_, code) = w.sh(&gw, &id, squat).await;
+    assert_eq!(code, 0);
+    kill_9(gw);
+    // Once the squatter listens inside the sandbox, the port is its.
+    let ns = format!("sgq-{instance}");
+    let taken = wait_for(Duration::from_secs(10), || {
+        Command::new("ip")
+            .args(["netns", "exec", &ns, "ss", "-Hltn", "sport = :3128"])
+            .output()
+            .is_ok_and(|o| !o.stdout.is_empty())
+    });
+    assert!(taken, "the squatter did not get the port");
+    let gw = w.serve();
+    w.assert_failed(&gw, &id, &instance, "proxy_port_taken")
+        .await;
+    terminate(gw);
+}
