@@ -263,7 +263,16 @@ impl Coordinator {
         let Some(adapter) = self.deps.providers.for_pool(&placement.pool) else {
             return false;
         };
-        matches!(adapter.get(&placement.instance_id).await, Ok(None))
+        let id = &placement.instance_id;
+        // Another live replica's process-local instance is invisible here: not ours to judge
+        // (unless this process found its remains and could not take them over).
+        if adapter.process_local()
+            && adapter.readoption_failure(id).is_none()
+            && !self.can_see(&placement).await
+        {
+            return false;
+        }
+        matches!(adapter.get(id).await, Ok(None))
     }
 }
 
