@@ -27,8 +27,8 @@
 //!   answers `None`, and [`Provider::readoption_failure`] says why (a stable code from
 //!   the `recover` module and a message), which becomes the sandbox's `error`.
 //! - A graceful stop leaves the instances running with `[local] on_shutdown = "keep"` (the
-//!   default) and deletes them with `"stop"` (see `Server::stop`). Commands attached to an
-//!   exec stream end with the process that streamed them; what they left running goes on.
+//!   default) and deletes them with `"stop"` (see `Server::stop`). A command attached to an
+//!   exec stream loses it (a graceful stop ends the command); what it left running goes on.
 //! - `usage` (E2B's `get_metrics`) reads the sandbox's cgroups, `/proc` standing in where
 //!   they lack a figure ([`LocalRuntime::usage`]).
 //! - Snapshots are tar files `<snapshot_dir>/<snap id>.tar`; `create` with a snapshot
