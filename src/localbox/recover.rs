@@ -265,12 +265,14 @@ impl LocalRuntime {
     /// Removes an unrecoverable sandbox's remains, from what its files say where they can
     /// be read (its init is killed if it still runs: the proxy port case).
     async fn clear(&self, id: &str, files: Option<(StateFile, LifeFile)>) {
+        let existing = || cgroup::SandboxCgroups::existing(&self.controllers, id);
         let (cgroups, init) = match files {
-            Some((state, life)) => (state.cgroups, life.init.map(adopted_init)),
-            None => (
-                cgroup::SandboxCgroups::existing(&self.controllers, id),
-                None,
-            ),
+            // Only groups named after the sandbox are ever removed, whatever the file says.
+            Some((state, life)) if groups_of(&state.cgroups, id) => {
+                (state.cgroups, life.init.map(adopted_init))
+            }
+            Some((_, life)) => (existing(), life.init.map(adopted_init)),
+            None => (existing(), None),
         };
         if let Err(e) = self.remove_remains(id, cgroups, init).await {
             tracing::warn!(sandbox = %id, error = %e, "localbox: cannot remove the remains of a sandbox that could not be re-adopted");
@@ -374,7 +376,7 @@ fn check_remains(rt: &LocalRuntime, id: &str, state: &StateFile, dir: &Path) -> 
         .into_iter()
         .flatten()
     {
-        if !group.is_dir() || group.file_name().and_then(|n| n.to_str()) != Some(id) {
+        if !group.is_dir() || !groups_of(groups, id) {
             return Err((
                 "cgroup_gone",
                 format!("its cgroup {} is gone", group.display()),
@@ -382,6 +384,14 @@ fn check_remains(rt: &LocalRuntime, id: &str, state: &StateFile, dir: &Path) -> 
         }
     }
     Ok(())
+}
+
+/// Every recorded group is named after the sandbox (as `SandboxCgroups::create` names them).
+fn groups_of(groups: &cgroup::SandboxCgroups, id: &str) -> bool {
+    [&groups.freezer, &groups.memory, &groups.cpu, &groups.pids]
+        .into_iter()
+        .flatten()
+        .all(|g| g.file_name().and_then(|n| n.to_str()) == Some(id))
 }
 
 /// The recorded init, still running and still in the sandbox's network namespace.

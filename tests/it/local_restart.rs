@@ -492,3 +492,34 @@ async fn a_sandbox_that_takes_its_proxy_port_while_no_gateway_runs_is_failed_not
         .await;
     terminate(gw);
 }
+
+#[tokio::test]
+async fn a_re_adopted_instance_no_sandbox_claims_is_deleted() {
+    let Some(w) = world("unclaimed", "sgu-").await else {
+        return;
+    };
+    w.write_config("keep");
+    let gw = w.serve();
+    let (id, instance) = w.create(&gw).await;
+    w.populate(&gw, &id).await;
+    kill_9(gw);
+    // The record moved on while the instance stayed (a delete cut short by the crash).
+    let store = sandgate::store::Store::open_sqlite(&w.dir.path().join("data/sandgate.db"))
+        .await
+        .unwrap();
+    let now = sandgate::base::clock::now_ms();
+    let moved = store
+        .transition_sandbox(&id, &["running"], "deleted", None, None, now)
+        .await
+        .unwrap();
+    assert!(moved);
+    drop(store);
+    assert!(w.instance_dir(&instance).join("state.json").exists());
+    let gw = w.serve();
+    w.assert_gone(&instance);
+    let said = gw.stderr.lock().unwrap().iter().any(|l| {
+        l.contains("deleted a re-adopted instance no sandbox claims") && l.contains(&instance)
+    });
+    assert!(said, "the start-up log does not say it");
+    terminate(gw);
+}
