@@ -5,8 +5,10 @@
 //! same process), and egress through each sandbox's own proxy listener works as that sandbox
 //! (its credential injected, the decision log naming it). One sandbox is broken on purpose
 //! while no gateway runs (its init killed, then its network namespace deleted): it comes back
-//! `failed` with the reason, and nothing of it is left on the machine. Deleting the re-adopted
-//! sandboxes leaves nothing behind either. With `on_shutdown = "stop"` a graceful stop deletes
+//! `failed` with the reason, and nothing of it is left on the machine. A paused sandbox comes
+//! back paused and a stopped one stopped (both resume with their files). Deleting the
+//! re-adopted sandboxes leaves nothing behind either; a re-adopted instance no sandbox claims
+//! is deleted at start, and one whose proxy port was taken meanwhile is failed. With `on_shutdown = "stop"` a graceful stop deletes
 //! the sandboxes.
 //!
 //! Needs root (namespaces, cgroups): `root_or_skip` decides.
@@ -406,6 +408,11 @@ async fn sandboxes_survive_sigkill_and_sigterm_and_a_broken_one_fails_with_its_r
     // A sandbox the restarted gateway made, broken while the gateway is down: its
     // namespace is deleted. SIGTERM leaves the others running (on_shutdown = "keep").
     let (broken, broken_instance) = w.create(&gw).await;
+    // A stopped one stays stopped, its files kept, and starts again.
+    let (stopped, stopped_instance) = w.create(&gw).await;
+    w.populate(&gw, &stopped).await;
+    w.call(&gw, "POST", &format!("/v1/sandboxes/{stopped}/stop"), None)
+        .await;
     terminate(gw);
     let ns = format!("sgr-{broken_instance}");
     assert!(Command::new("ip")
@@ -419,6 +426,15 @@ async fn sandboxes_survive_sigkill_and_sigterm_and_a_broken_one_fails_with_its_r
     }
     w.assert_failed(&gw, &broken, &broken_instance, "netns_gone")
         .await;
+    assert_eq!(w.get(&gw, &stopped).await["state"], "stopped");
+    w.call(&gw, "POST", &format!("/v1/sandboxes/{stopped}/start"), None)
+        .await;
+    let (out, _) = w.sh(&gw, &stopped, "cat /home/user/data.txt").await;
+    assert_eq!(out, format!("data of {stopped}"));
+    w.assert_egress(&gw, &stopped).await;
+    w.call(&gw, "DELETE", &format!("/v1/sandboxes/{stopped}"), None)
+        .await;
+    w.assert_gone(&stopped_instance);
 
     // Deleting re-adopted sandboxes leaves nothing behind.
     for (id, instance) in &kept {
