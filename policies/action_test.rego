@@ -54,3 +54,15 @@ test_blocked_program_denied_on_a_logged_record if {
 	count(action.deny) == 1 with input as logged
 		with data.sandgate.workspaces as {"ws-a": {"blocked_programs": ["curl"]}}
 }
+
+test_exec_users_restricts_who_commands_run_as if {
+	as_root := object.union(act("ws-a", [], "ws-a", "exec"), {"exec": {"argv": ["id"], "user": "root"}})
+	as_default := object.union(act("ws-a", [], "ws-a", "exec"), {"exec": {"argv": ["id"], "user": null}})
+	count(action.deny) == 1 with input as as_root
+		with data.sandgate.workspaces as {"ws-a": {"exec_users": ["user"]}}
+	count(action.deny) == 0 with input as as_default
+		with data.sandgate.workspaces as {"ws-a": {"exec_users": ["user"]}}
+	count(action.deny) == 0 with input as as_root
+		with data.sandgate.workspaces as {"ws-a": {"exec_users": ["user", "root"]}}
+	count(action.deny) == 0 with input as as_root
+}

@@ -937,6 +937,9 @@ impl Config {
         if self.local.capacity == 0 {
             return Err(ConfigError::invalid("local.capacity", "must be at least 1"));
         }
+        self.local
+            .check_users()
+            .map_err(|(key, why)| ConfigError::invalid(key, why))?;
         let (defaults, max) = self.local.limits();
         if let Some(why) = defaults.exceeds(&max) {
             return Err(ConfigError::invalid("local.defaults", &why));

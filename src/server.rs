@@ -704,30 +704,77 @@ pub fn routing_topology(
             .map(Arc::new)
             .map_err(|e| e.to_string())
     });
-    if let (Some(Ok(runtime)), true) = (&local, config.uses_default_topology()) {
+    if let Some(Ok(runtime)) = &local {
         let caps = runtime.capabilities();
-        let (_, max) = config.local.limits();
-        let pool = &mut router_config.pools[0];
-        let resources = &mut pool.resources;
-        if caps.cpu_limit {
-            resources.cpu = std::thread::available_parallelism()
-                .ok()
-                .map(|n| (n.get() as f64).min(max.cpu));
+        if config.uses_default_topology() {
+            declare_default_resources(&mut router_config.pools[0], &caps, config);
         }
-        if caps.memory_limit {
-            resources.memory_mb = host_memory_mb().map(|mb| mb.min(max.memory_mb));
+        let local_providers: Vec<String> = router_config
+            .providers
+            .iter()
+            .filter(|p| {
+                p.kind
+                    .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
+                    == Some(sandgate_router::ProviderKind::Local)
+            })
+            .map(|p| p.name.clone())
+            .collect();
+        for pool in router_config
+            .pools
+            .iter_mut()
+            .filter(|p| local_providers.contains(&p.provider))
+        {
+            declare_machine_facts(pool, &caps, config);
         }
-        if caps.disk_limit {
-            resources.disk_gb = Some(max.disk_mb / 1024).filter(|gb| *gb > 0);
-        }
-        // Declared, not hidden: sandboxes here run without these limits.
-        let unenforced = crate::providers::local_limits::unenforced(&caps);
-        if !unenforced.is_empty() {
-            pool.labels
-                .insert("sandgate.unenforced_limits".into(), unenforced.join(","));
-        }
-        // Declared on the pool's isolation mode, where `GET /v1/pools` shows it and a create
-        // may require it (`features.isolation: {"kind": "namespace", "seccomp": "enforced"}`).
+    }
+    let topology = router_config
+        .compile()
+        .map_err(|e| StartError::Routing(e.to_string()))?;
+    Ok((topology, local))
+}
+
+/// The default local pool's resources: what this machine can hold a sandbox to (its CPUs
+/// and memory, `[local.max]`), only where it enforces the limit.
+fn declare_default_resources(
+    pool: &mut sandgate_router::PoolConfig,
+    caps: &crate::localbox::Capabilities,
+    config: &Config,
+) {
+    let (_, max) = config.local.limits();
+    let resources = &mut pool.resources;
+    if caps.cpu_limit {
+        resources.cpu = std::thread::available_parallelism()
+            .ok()
+            .map(|n| (n.get() as f64).min(max.cpu));
+    }
+    if caps.memory_limit {
+        resources.memory_mb = host_memory_mb().map(|mb| mb.min(max.memory_mb));
+    }
+    if caps.disk_limit {
+        resources.disk_gb = Some(max.disk_mb / 1024).filter(|gb| *gb > 0);
+    }
+}
+
+/// What every local pool declares of this machine, configured or default: the limits it
+/// cannot enforce and the users an exec may pick (labels beside the configured ones), and
+/// the seccomp filter on its isolation mode unless the configuration set one.
+fn declare_machine_facts(
+    pool: &mut sandgate_router::PoolConfig,
+    caps: &crate::localbox::Capabilities,
+    config: &Config,
+) {
+    // Declared, not hidden: sandboxes here run without these limits.
+    let unenforced = crate::providers::local_limits::unenforced(caps);
+    if !unenforced.is_empty() {
+        pool.labels
+            .insert("sandgate.unenforced_limits".into(), unenforced.join(","));
+    }
+    // Who an exec may run as, by name (`user` on an exec picks one).
+    let users: Vec<String> = config.local.all_users().into_keys().collect();
+    pool.labels.insert("sandgate.users".into(), users.join(","));
+    // On the pool's isolation mode, where `GET /v1/pools` shows it and a create may require
+    // it (`features.isolation: {"kind": "namespace", "seccomp": "enforced"}`).
+    if pool.isolation.is_none() {
         let seccomp = if caps.seccomp {
             "enforced"
         } else {
@@ -737,10 +784,6 @@ pub fn routing_topology(
             sandgate_router::IsolationMode::kind("namespace").with("seccomp", seccomp)
         ]);
     }
-    let topology = router_config
-        .compile()
-        .map_err(|e| StartError::Routing(e.to_string()))?;
-    Ok((topology, local))
 }
 
 /// The pools' topology as the configuration declares it, without looking at this

@@ -307,6 +307,9 @@ pub struct ExecRequest {
     pub cwd: Option<String>,
     /// Kill the process tree after this long.
     pub timeout: Option<Duration>,
+    /// Run as this uid and gid instead of [`RuntimeConfig`]'s (the caller checked that the
+    /// pool declares them).
+    pub user: Option<(u32, u32)>,
 }
 
 impl ExecRequest {
@@ -896,13 +899,8 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
                 let _ = std::fs::remove_dir(dir);
             }
         };
-        let (entry, pidns) = match enter::Entry::open(
-            init,
-            &cwd,
-            self.config.uid,
-            self.config.gid,
-            self.filter.clone(),
-        ) {
+        let (uid, gid) = request.user.unwrap_or((self.config.uid, self.config.gid));
+        let (entry, pidns) = match enter::Entry::open(init, &cwd, uid, gid, self.filter.clone()) {
             Ok(opened) => opened,
             Err(e) => {
                 remove_group();

@@ -34,7 +34,7 @@
 //! - Snapshots are tar files `<snapshot_dir>/<snap id>.tar`; `create` with a snapshot
 //!   restores it inside the new sandbox.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -64,6 +64,8 @@ pub struct LocalProvider {
     snapshot_dir: PathBuf,
     defaults: Resolved,
     max: Resolved,
+    /// Who an exec may run as ([`LocalConfig::all_users`]).
+    users: BTreeMap<String, LocalUser>,
     instances: Mutex<HashMap<String, LocalInstance>>,
     /// Re-adopted at start, not yet handed to the coordinator.
     readopted: Mutex<Vec<Instance>>,
@@ -161,6 +163,7 @@ impl LocalProvider {
             snapshot_dir: config.snapshot_dir.clone(),
             defaults: config.limits().0,
             max: config.limits().1,
+            users: config.all_users(),
             instances: Mutex::new(HashMap::new()),
             readopted: Mutex::new(Vec::new()),
             unrecoverable: HashMap::new(),
@@ -256,6 +259,25 @@ impl LocalProvider {
             ));
         }
         Ok(self.snapshot_dir.join(format!("{id}.tar")))
+    }
+
+    /// The uid and gid of a declared user (`None`: the default user's, the runtime's own);
+    /// an undeclared one is refused naming those that are.
+    fn user_ids(&self, user: Option<&str>) -> Result<Option<(u32, u32)>, OpError> {
+        let Some(name) = user else {
+            return Ok(None);
+        };
+        match self.users.get(name) {
+            Some(u) => Ok(Some((u.uid, u.gid))),
+            None => Err(OpError::new(
+                OpErrorKind::Invalid,
+                format!(
+                    "user {name:?} is not declared by this local pool; it declares: {} \
+                     ([local.users] in the gateway's configuration)",
+                    self.users.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )),
+        }
     }
 
     async fn do_create(&self, spec: CreateSpec) -> Result<Instance, ProviderError> {
@@ -420,6 +442,10 @@ impl Provider for LocalProvider {
         })
     }
 
+    fn exec_user(&self, user: &str) -> Result<(), OpError> {
+        self.user_ids(Some(user)).map(|_| ())
+    }
+
     fn exec<'a>(
         &'a self,
         instance_id: &'a str,
@@ -435,6 +461,7 @@ impl Provider for LocalProvider {
                         env: spec.env,
                         cwd: spec.cwd,
                         timeout: spec.timeout,
+                        user: self.user_ids(spec.user.as_deref())?,
                     },
                 )
                 .await?;
@@ -613,9 +640,14 @@ pub struct LocalConfig {
     /// Port of the proxy listener inside each sandbox's network namespace; the sandbox's
     /// `HTTP_PROXY` is `http://127.0.0.1:<proxy_port>`.
     pub proxy_port: u16,
-    /// User and group the sandbox's processes run as.
+    /// User and group the sandbox's processes run as: its default user, named `user`.
     pub uid: u32,
     pub gid: u32,
+    /// `[local.users]`: the other users an exec may ask for by name, e.g.
+    /// `root = { uid = 0, gid = 0 }` (none by default). A sandbox stays in its namespaces,
+    /// chroot, cgroups and seccomp filter whoever it runs as, but uid 0 there is the host's
+    /// root: declare it only for workloads you would trust with it.
+    pub users: BTreeMap<String, LocalUser>,
     /// Extra host directories bound read-only into every sandbox at the same path.
     pub extra_ro_binds: Vec<PathBuf>,
     /// Network namespaces are named `<netns_prefix><instance id>` (see `ip netns list`).
@@ -643,7 +675,46 @@ pub enum OnShutdown {
     Stop,
 }
 
+/// One declared user of `[local.users]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalUser {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The name of a local sandbox's default user (`[local] uid`/`gid`).
+pub const DEFAULT_USER: &str = "user";
+
 impl LocalConfig {
+    /// Every user an exec may run as, by name: [`DEFAULT_USER`] and `[local.users]`.
+    pub fn all_users(&self) -> BTreeMap<String, LocalUser> {
+        let mut users = self.users.clone();
+        let default = LocalUser {
+            uid: self.uid,
+            gid: self.gid,
+        };
+        users.insert(DEFAULT_USER.to_string(), default);
+        users
+    }
+
+    /// `[local.users]` is valid: portable names, none of them the default user's.
+    pub fn check_users(&self) -> Result<(), (String, String)> {
+        for name in self.users.keys() {
+            let key = format!("local.users.{name}");
+            if name == DEFAULT_USER {
+                let why = "`user` is the default user: set [local] uid and gid instead";
+                return Err((key, why.into()));
+            }
+            if !crate::ops::user_name(name) {
+                let why = "a user name is 1 to 32 of a-z, 0-9, '_' and '-', starting with a \
+                           letter or '_'";
+                return Err((key, why.into()));
+            }
+        }
+        Ok(())
+    }
+
     /// `[local.defaults]` and `[local.max]` with the built-in values filled in.
     pub fn limits(&self) -> (Resolved, Resolved) {
         (
@@ -661,6 +732,7 @@ impl Default for LocalConfig {
             proxy_port: 3128,
             uid: 65534,
             gid: 65534,
+            users: BTreeMap::new(),
             extra_ro_binds: Vec::new(),
             netns_prefix: "sg-".into(),
             cgroup: "sandgate".into(),

@@ -510,6 +510,21 @@ pub trait Provider: Send + Sync + 'static {
             .is_none_or(|caps| caps.process_cancel)
     }
 
+    /// Whether a command may run as `user` (a valid user name): `Ok` for a user the
+    /// provider's pool declares. The default refuses every choice, `unsupported`: the
+    /// hosted adapters run commands as their provider's own user and cannot pick another,
+    /// and a `user` they dropped silently would run the command as someone else.
+    fn exec_user(&self, user: &str) -> Result<(), OpError> {
+        let _ = user;
+        Err(OpError::new(
+            OpErrorKind::Unsupported,
+            format!(
+                "provider kind {:?} runs commands as its own user: `user` cannot be chosen",
+                self.kind()
+            ),
+        ))
+    }
+
     // Operations on a running instance. An adapter implements those its provider offers;
     // the rest answer `unsupported`, which the API reports as 501 naming the operation.
 
