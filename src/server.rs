@@ -136,6 +136,11 @@ pub struct Server {
     /// Closed by a graceful stop, so the records exported over OTLP are not lost with the
     /// process.
     log: DecisionLog,
+    /// The local sandbox runtime, and what a graceful stop does to its sandboxes.
+    local: Option<(
+        Arc<crate::localbox::LocalRuntime>,
+        crate::providers::local::OnShutdown,
+    )>,
 }
 
 impl Server {
@@ -296,9 +301,11 @@ impl Server {
             })
             .map(|p| p.name.to_string())
             .collect();
+        let mut local_runtime = None;
         if let Some(local) = local.filter(|_| !local_pools.is_empty()) {
             let adapter: Arc<dyn crate::providers::Provider> = match local {
                 Ok(runtime) => {
+                    local_runtime = Some((runtime.clone(), config.local.on_shutdown));
                     let ca_pem = std::fs::read(&ca_cert_path)
                         .map_err(|e| StartError::Local(e.to_string()))?;
                     let provider = crate::providers::local::LocalProvider::new(
@@ -445,6 +452,7 @@ impl Server {
             replica,
             store,
             log,
+            local: local_runtime,
         })
     }
 
@@ -489,6 +497,9 @@ impl Server {
     /// the row back. The delete is bounded: a store that is down must not hold the exit.
     pub async fn stop(self) {
         let (replica, store, log) = (self.replica.clone(), self.store.clone(), self.log.clone());
+        if let Some((runtime, on_shutdown)) = &self.local {
+            stop_local(runtime, *on_shutdown).await;
+        }
         self.shutdown();
         // After the proxy stopped, so the last requests' records are in; bounded, since a
         // collector that is down must not hold the exit either.
@@ -500,6 +511,36 @@ impl Server {
             }
             Err(_) => {
                 tracing::warn!(replica = %replica.id, "the store did not answer in time; the replica expires with its heartbeat")
+            }
+        }
+    }
+}
+
+/// `[local] on_shutdown` at a graceful stop: leave the sandboxes running for the next start
+/// to re-adopt, or delete them.
+async fn stop_local(
+    runtime: &crate::localbox::LocalRuntime,
+    on_shutdown: crate::providers::local::OnShutdown,
+) {
+    let ids = runtime.list();
+    match on_shutdown {
+        crate::providers::local::OnShutdown::Keep => {
+            runtime.keep_running();
+            if !ids.is_empty() {
+                tracing::info!(count = ids.len(), "leaving the local sandboxes running; the next start re-adopts them ([local] on_shutdown = \"keep\")");
+            }
+        }
+        crate::providers::local::OnShutdown::Stop => {
+            for id in &ids {
+                if let Err(e) = runtime.delete(id).await {
+                    tracing::warn!(instance = %id, error = %e, "could not delete a local sandbox at shutdown; the next start removes it");
+                }
+            }
+            if !ids.is_empty() {
+                tracing::info!(
+                    count = ids.len(),
+                    "deleted the local sandboxes ([local] on_shutdown = \"stop\")"
+                );
             }
         }
     }
