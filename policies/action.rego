@@ -9,6 +9,9 @@
 #   allow commands but no interactive shell).
 # - Commands and terminal sessions can be refused by program name with
 #   `data.sandgate.workspaces[<ws>].blocked_programs` (matched against argv[0]'s basename).
+# - A workspace may restrict who its commands run as with
+#   `data.sandgate.workspaces[<ws>].exec_users` (e.g. ["user"]: never `root`, even where the
+#   pool declares it); `null` in `input.exec.user` is the pool's default user, `user`.
 #
 # Input reference: policies/README.md ("Layers `sandgate.lifecycle` and `sandgate.action`").
 package sandgate.action
@@ -59,3 +62,17 @@ deny contains msg if {
 exec_programs contains p if p := input.exec.argv[0]
 
 exec_programs contains p if p := input.exec.argv0
+
+deny contains msg if {
+	input.operation == "exec"
+	allowed := object.get(data.sandgate.workspaces, [input.workspace, "exec_users"], null)
+	allowed != null
+	user := object.get(input.exec, "user", null)
+	asked := default_user(user)
+	not asked in allowed
+	msg := sprintf("commands may not run as %s in workspace %s (allowed: %s)", [asked, input.workspace, concat(", ", allowed)])
+}
+
+default_user(null) := "user"
+
+default_user(u) := u if u != null

@@ -80,3 +80,15 @@ test_stdin_blocked_alone if {
 	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "exec")
 		with data.sandgate.workspaces as blocked
 }
+
+test_exec_users_restricts_who_commands_run_as if {
+	as_root := object.union(act("ws-a", [], "ws-a", "exec"), {"exec": {"argv": ["id"], "user": "root"}})
+	as_default := object.union(act("ws-a", [], "ws-a", "exec"), {"exec": {"argv": ["id"], "user": null}})
+	count(action.deny) == 1 with input as as_root
+		with data.sandgate.workspaces as {"ws-a": {"exec_users": ["user"]}}
+	count(action.deny) == 0 with input as as_default
+		with data.sandgate.workspaces as {"ws-a": {"exec_users": ["user"]}}
+	count(action.deny) == 0 with input as as_root
+		with data.sandgate.workspaces as {"ws-a": {"exec_users": ["user", "root"]}}
+	count(action.deny) == 0 with input as as_root
+}

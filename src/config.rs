@@ -937,6 +937,9 @@ impl Config {
         if self.local.capacity == 0 {
             return Err(ConfigError::invalid("local.capacity", "must be at least 1"));
         }
+        self.local
+            .check_users()
+            .map_err(|(key, why)| ConfigError::invalid(key, why))?;
         let (defaults, max) = self.local.limits();
         if let Some(why) = defaults.exceeds(&max) {
             return Err(ConfigError::invalid("local.defaults", &why));
@@ -944,7 +947,7 @@ impl Config {
         if self.local.dir == self.local.snapshot_dir {
             return Err(ConfigError::invalid(
                 "local.snapshot_dir",
-                "must differ from local.dir (orphaned sandboxes are purged from local.dir)",
+                "must differ from local.dir (whatever local.dir holds that cannot be re-adopted is removed)",
             ));
         }
         let c = &self.create;
@@ -1060,6 +1063,21 @@ mod tests {
         let text = include_str!("../deploy/sandgate.example.toml");
         let c = Config::from_toml(text).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.egress.identities[0].id, "ci-runner-1");
+    }
+
+    #[test]
+    fn local_on_shutdown_is_keep_or_stop() {
+        use crate::providers::local::OnShutdown;
+        assert_eq!(
+            Config::from_toml("").unwrap().local.on_shutdown,
+            OnShutdown::Keep
+        );
+        let stop = Config::from_toml("[local]\non_shutdown = \"stop\"\n").unwrap();
+        assert_eq!(stop.local.on_shutdown, OnShutdown::Stop);
+        let err = Config::from_toml("[local]\non_shutdown = \"pause\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("on_shutdown") || err.contains("keep"), "{err}");
     }
 
     #[test]

@@ -435,8 +435,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "sandgate", &mut script);
-            script.extend(sandgate::cli::completions::dynamic_ids(shell).into_bytes());
-            emit(&script)
+            let script = String::from_utf8_lossy(&script).into_owned();
+            emit(sandgate::cli::completions::with_ids(shell, script).as_bytes())
         }
         Command::Man => {
             let mut page = Vec::new();

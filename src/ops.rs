@@ -18,6 +18,16 @@ use tokio::sync::mpsc;
 
 pub use crate::localbox::{EntryKind, ExecEvent, ExecInput, ExitInfo, ExitReason, Usage, WinSize};
 
+/// A portable user name (POSIX's, lower case): what a pool may declare and a caller ask for.
+pub fn user_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 32
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
 /// One command to run.
 #[derive(Debug, Clone, Default)]
 pub struct ExecSpec {
@@ -28,6 +38,10 @@ pub struct ExecSpec {
     pub cwd: Option<String>,
     /// The command's whole process tree is killed after this long.
     pub timeout: Option<Duration>,
+    /// The user it runs as, by name, among those the sandbox's pool declares; `None` is the
+    /// pool's default user. Checked before the command starts
+    /// ([`crate::providers::Provider::exec_user`]): never silently ignored.
+    pub user: Option<String>,
 }
 
 /// A running command's output and its cancel switch.

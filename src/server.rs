@@ -136,6 +136,11 @@ pub struct Server {
     /// Closed by a graceful stop, so the records exported over OTLP are not lost with the
     /// process.
     log: DecisionLog,
+    /// The local sandbox runtime, and what a graceful stop does to its sandboxes.
+    local: Option<(
+        Arc<crate::localbox::LocalRuntime>,
+        crate::providers::local::OnShutdown,
+    )>,
 }
 
 impl Server {
@@ -296,9 +301,11 @@ impl Server {
             })
             .map(|p| p.name.to_string())
             .collect();
+        let mut local_runtime = None;
         if let Some(local) = local.filter(|_| !local_pools.is_empty()) {
             let adapter: Arc<dyn crate::providers::Provider> = match local {
                 Ok(runtime) => {
+                    local_runtime = Some((runtime.clone(), config.local.on_shutdown));
                     let ca_pem = std::fs::read(&ca_cert_path)
                         .map_err(|e| StartError::Local(e.to_string()))?;
                     let provider = crate::providers::local::LocalProvider::new(
@@ -445,6 +452,7 @@ impl Server {
             replica,
             store,
             log,
+            local: local_runtime,
         })
     }
 
@@ -489,6 +497,9 @@ impl Server {
     /// the row back. The delete is bounded: a store that is down must not hold the exit.
     pub async fn stop(self) {
         let (replica, store, log) = (self.replica.clone(), self.store.clone(), self.log.clone());
+        if let Some((runtime, on_shutdown)) = &self.local {
+            stop_local(runtime, *on_shutdown).await;
+        }
         self.shutdown();
         // After the proxy stopped, so the last requests' records are in; bounded, since a
         // collector that is down must not hold the exit either.
@@ -500,6 +511,36 @@ impl Server {
             }
             Err(_) => {
                 tracing::warn!(replica = %replica.id, "the store did not answer in time; the replica expires with its heartbeat")
+            }
+        }
+    }
+}
+
+/// `[local] on_shutdown` at a graceful stop: leave the sandboxes running for the next start
+/// to re-adopt, or delete them.
+async fn stop_local(
+    runtime: &crate::localbox::LocalRuntime,
+    on_shutdown: crate::providers::local::OnShutdown,
+) {
+    let ids = runtime.list();
+    match on_shutdown {
+        crate::providers::local::OnShutdown::Keep => {
+            runtime.keep_running();
+            if !ids.is_empty() {
+                tracing::info!(count = ids.len(), "leaving the local sandboxes running; the next start re-adopts them ([local] on_shutdown = \"keep\")");
+            }
+        }
+        crate::providers::local::OnShutdown::Stop => {
+            for id in &ids {
+                if let Err(e) = runtime.delete(id).await {
+                    tracing::warn!(instance = %id, error = %e, "could not delete a local sandbox at shutdown; the next start removes it");
+                }
+            }
+            if !ids.is_empty() {
+                tracing::info!(
+                    count = ids.len(),
+                    "deleted the local sandboxes ([local] on_shutdown = \"stop\")"
+                );
             }
         }
     }
@@ -663,30 +704,80 @@ pub fn routing_topology(
             .map(Arc::new)
             .map_err(|e| e.to_string())
     });
-    if let (Some(Ok(runtime)), true) = (&local, config.uses_default_topology()) {
+    if let Some(Ok(runtime)) = &local {
         let caps = runtime.capabilities();
-        let (_, max) = config.local.limits();
-        let pool = &mut router_config.pools[0];
-        let resources = &mut pool.resources;
-        if caps.cpu_limit {
-            resources.cpu = std::thread::available_parallelism()
-                .ok()
-                .map(|n| (n.get() as f64).min(max.cpu));
+        if config.uses_default_topology() {
+            declare_default_resources(&mut router_config.pools[0], &caps, config);
         }
-        if caps.memory_limit {
-            resources.memory_mb = host_memory_mb().map(|mb| mb.min(max.memory_mb));
+        let local_providers: Vec<String> = router_config
+            .providers
+            .iter()
+            .filter(|p| {
+                p.kind
+                    .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
+                    == Some(sandgate_router::ProviderKind::Local)
+            })
+            .map(|p| p.name.clone())
+            .collect();
+        for pool in router_config
+            .pools
+            .iter_mut()
+            .filter(|p| local_providers.contains(&p.provider))
+        {
+            declare_machine_facts(pool, &caps, config);
         }
-        if caps.disk_limit {
-            resources.disk_gb = Some(max.disk_mb / 1024).filter(|gb| *gb > 0);
-        }
-        // Declared, not hidden: sandboxes here run without these limits.
-        let unenforced = crate::providers::local_limits::unenforced(&caps);
-        if !unenforced.is_empty() {
-            pool.labels
-                .insert("sandgate.unenforced_limits".into(), unenforced.join(","));
-        }
-        // Declared on the pool's isolation mode, where `GET /v1/pools` shows it and a create
-        // may require it (`features.isolation: {"kind": "namespace", "seccomp": "enforced"}`).
+    }
+    let topology = router_config
+        .compile()
+        .map_err(|e| StartError::Routing(e.to_string()))?;
+    Ok((topology, local))
+}
+
+/// The default local pool's resources: what this machine can hold a sandbox to (its CPUs
+/// and memory, `[local.max]`), only where it enforces the limit.
+fn declare_default_resources(
+    pool: &mut sandgate_router::PoolConfig,
+    caps: &crate::localbox::Capabilities,
+    config: &Config,
+) {
+    let (_, max) = config.local.limits();
+    let resources = &mut pool.resources;
+    if caps.cpu_limit {
+        resources.cpu = std::thread::available_parallelism()
+            .ok()
+            .map(|n| (n.get() as f64).min(max.cpu));
+    }
+    if caps.memory_limit {
+        resources.memory_mb = host_memory_mb().map(|mb| mb.min(max.memory_mb));
+    }
+    if caps.disk_limit {
+        resources.disk_gb = Some(max.disk_mb / 1024).filter(|gb| *gb > 0);
+    }
+    if caps.pids_limit {
+        resources.pids = Some(max.pids);
+    }
+}
+
+/// What every local pool declares of this machine, configured or default: the limits it
+/// cannot enforce and the users an exec may pick (labels beside the configured ones), and
+/// the seccomp filter on its isolation mode unless the configuration set one.
+fn declare_machine_facts(
+    pool: &mut sandgate_router::PoolConfig,
+    caps: &crate::localbox::Capabilities,
+    config: &Config,
+) {
+    // Declared, not hidden: sandboxes here run without these limits.
+    let unenforced = crate::providers::local_limits::unenforced(caps);
+    if !unenforced.is_empty() {
+        pool.labels
+            .insert("sandgate.unenforced_limits".into(), unenforced.join(","));
+    }
+    // Who an exec may run as, by name (`user` on an exec picks one).
+    let users: Vec<String> = config.local.all_users().into_keys().collect();
+    pool.labels.insert("sandgate.users".into(), users.join(","));
+    // On the pool's isolation mode, where `GET /v1/pools` shows it and a create may require
+    // it (`features.isolation: {"kind": "namespace", "seccomp": "enforced"}`).
+    if pool.isolation.is_none() {
         let seccomp = if caps.seccomp {
             "enforced"
         } else {
@@ -696,10 +787,6 @@ pub fn routing_topology(
             sandgate_router::IsolationMode::kind("namespace").with("seccomp", seccomp)
         ]);
     }
-    let topology = router_config
-        .compile()
-        .map_err(|e| StartError::Routing(e.to_string()))?;
-    Ok((topology, local))
 }
 
 /// The pools' topology as the configuration declares it, without looking at this

@@ -136,6 +136,10 @@ pub struct ExecBody {
     /// `stdin`); without it stdin is empty (`/dev/null`).
     #[serde(default)]
     stdin: bool,
+    /// Run as this user, one the sandbox's pool declares (a local pool's are in its
+    /// `sandgate.users` label; default: the pool's default user). An undeclared user is
+    /// 400 `invalid_request`; a provider that cannot choose the user answers 501.
+    user: Option<String>,
 }
 
 impl From<ExecBody> for ExecRequest {
@@ -145,6 +149,7 @@ impl From<ExecBody> for ExecRequest {
             env: body.env,
             cwd: body.cwd,
             timeout_ms: body.timeout_ms,
+            user: body.user,
         }
     }
 }
@@ -158,7 +163,7 @@ impl From<ExecBody> for ExecRequest {
     request_body(content = ExecBody, content_type = "application/json"),
     responses(
         (status = 200, description = "application/x-ndjson: started, stdout/stderr chunks in order, exit", content_type = "application/x-ndjson"),
-        (status = 400, description = "invalid_request: details.field names the field (argv[i], env, env.NAME, cwd, timeout_ms, or an unknown field)"),
+        (status = 400, description = "invalid_request: details.field names the field (argv[i], env, env.NAME, cwd, timeout_ms, user, or an unknown field); a user the pool does not declare"),
         (status = 403, description = "policy_denied (layer sandgate.action, operation exec)"),
         (status = 404, description = "not_found"),
         (status = 409, description = "sandbox_state: not running"),

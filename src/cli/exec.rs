@@ -12,16 +12,24 @@ const EXEC_API_FAILURE: i32 = 125;
 /// Exit status when the command ran out of its `--timeout` (as `timeout(1)` does).
 const EXEC_TIMED_OUT: i32 = 124;
 
+/// What `sandgate sandbox exec` asks for, from its flags.
+pub(super) struct ExecOptions {
+    pub cwd: Option<String>,
+    /// `KEY=VALUE` pairs.
+    pub env: Vec<String>,
+    /// Seconds.
+    pub timeout: Option<u64>,
+    pub user: Option<String>,
+    pub argv: Vec<String>,
+}
+
 pub(super) async fn exec(
     api: &Api,
     out: &OutputArgs,
     id: &str,
-    cwd: Option<String>,
-    env: Vec<String>,
-    timeout: Option<u64>,
-    argv: Vec<String>,
+    options: ExecOptions,
 ) -> Result<i32, CliError> {
-    let body = request(cwd, &env, timeout, argv)?;
+    let body = request(options)?;
     let url = format!("{}/v1/sandboxes/{}/exec", api.base, encode(id));
     // No overall timeout: a command may run for as long as it needs.
     let http = reqwest::Client::new();
@@ -53,14 +61,16 @@ pub(super) async fn exec(
     Ok(code)
 }
 
-fn request(
-    cwd: Option<String>,
-    env: &[String],
-    timeout: Option<u64>,
-    argv: Vec<String>,
-) -> Result<Value, CliError> {
+fn request(options: ExecOptions) -> Result<Value, CliError> {
+    let ExecOptions {
+        cwd,
+        env,
+        timeout,
+        user,
+        argv,
+    } = options;
     let mut vars = serde_json::Map::new();
-    for pair in env {
+    for pair in &env {
         let Some((k, v)) = pair.split_once('=') else {
             return Err(CliError::Usage(format!(
                 "--env {pair:?}: expected KEY=VALUE"
@@ -71,6 +81,9 @@ fn request(
     let mut body = serde_json::json!({"argv": argv, "env": vars, "cwd": cwd});
     if let Some(secs) = timeout {
         body["timeout_ms"] = Value::from(secs.saturating_mul(1000));
+    }
+    if let Some(user) = user {
+        body["user"] = Value::String(user);
     }
     Ok(body)
 }

@@ -340,9 +340,22 @@ fn reason(record: &Value) -> String {
         .unwrap_or_default();
     match (joined.is_empty(), record["code"].as_str()) {
         (true, Some(code)) => code.to_string(),
-        (true, None) => String::new(),
+        (true, None) => applied(record),
         (false, _) => format!("{joined:?}"),
     }
+}
+
+/// An allowed egress request's credentials, by name (`credentials: github,npm`): the line
+/// a user reads to see a secret was injected without the record's JSON. Empty when none.
+fn applied(record: &Value) -> String {
+    let names: Vec<&str> = record["credentials"]
+        .as_array()
+        .map(|c| c.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if names.is_empty() {
+        return String::new();
+    }
+    format!("credentials: {}", names.join(","))
 }
 
 #[cfg(test)]
@@ -362,6 +375,13 @@ mod tests {
             "decision": "allow", "input": {"operation": "exec", "sandbox": {"id": "sb2"}},
             "result": {"allow": true, "deny": []}});
         assert_eq!(render(&policy, Format::Table), "t sb2 action allow exec -");
+        let injected = serde_json::json!({"kind": "egress", "ts": "t", "sandbox": "sb3",
+            "layer": "egress", "decision": "allow", "method": "GET", "host": "api.github.com",
+            "port": 443, "path": "/user", "credentials": ["github", "gh\u{1b}[2J"]});
+        assert_eq!(
+            render(&injected, Format::Table),
+            "t sb3 egress allow GET api.github.com:443/user credentials: github,gh\\u{1b}[2J"
+        );
         assert_eq!(render(&policy, Format::Json), policy.to_string());
         let wide = serde_json::json!({"kind": "policy", "ts": "t", "layer": "action",
             "decision": "allow", "input": {"operation": "exec", "workspace": "ws-a"}});

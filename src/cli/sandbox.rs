@@ -95,6 +95,7 @@ pub enum SandboxCommand {
     /// Examples:
     ///   sandgate sandbox exec sb-0123 -- uname -a
     ///   sandgate sandbox exec sb-0123 --cwd /tmp -e DEBUG=1 --timeout 30 -- sh -c 'make test'
+    ///   sandgate sandbox exec sb-0123 --user root -- apt-get install -y jq
     #[command(verbatim_doc_comment)]
     Exec {
         /// The sandbox id.
@@ -108,6 +109,10 @@ pub enum SandboxCommand {
         /// Kill the command after this many seconds (exit 124).
         #[arg(long, value_name = "SECS")]
         timeout: Option<u64>,
+        /// Run as this user, one the sandbox's pool declares (`sandgate pools` shows a
+        /// local pool's in its `sandgate.users` label) [default: the pool's default user].
+        #[arg(long, short = 'u', value_name = "NAME")]
+        user: Option<String>,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true, value_name = "COMMAND")]
         argv: Vec<String>,
@@ -301,8 +306,18 @@ pub(super) async fn run(api: &Api, out: &OutputArgs, cmd: SandboxCommand) -> Res
             cwd,
             env,
             timeout,
+            user,
             argv,
-        } => return super::exec::exec(api, out, &id, cwd, env, timeout, argv).await,
+        } => {
+            let options = super::exec::ExecOptions {
+                cwd,
+                env,
+                timeout,
+                user,
+                argv,
+            };
+            return super::exec::exec(api, out, &id, options).await;
+        }
         SandboxCommand::Shell { id, cwd, env, argv } => {
             return super::shell::shell(api, out, &id, cwd, env, argv).await
         }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::{Coordinator, Placement};
 use crate::base::clock::now_ms;
-use crate::error::{Error, Kind};
-use crate::store::sandboxes::{AbandonedRow, SandboxRow};
+use crate::error::{Details, Error, Kind};
+use crate::store::sandboxes::{AbandonedRow, SandboxRow, IN_FLIGHT_STATES};
 use crate::store::StoreError;
 
 impl Coordinator {
@@ -163,8 +163,10 @@ impl Coordinator {
 
     /// At start-up: register the identities of running sandboxes again. With
     /// `reconcile_instances` (the control plane), a sandbox whose provider positively says its
-    /// instance is gone is marked failed first; a proxy replica only serves identities and
-    /// leaves the judgement to the control plane (it may not even reach the providers).
+    /// instance is gone is marked failed first (with the provider's reason when it could not
+    /// re-adopt the instance of a previous process), and the instances adapters re-adopted
+    /// that no sandbox claims are deleted; a proxy replica only serves identities and leaves
+    /// the judgement to the control plane (it may not even reach the providers).
     pub async fn restore(&self, reconcile_instances: bool) -> Result<usize, StoreError> {
         let since = now_ms() - self.deps.config.stats_window_secs as i64 * 1000;
         let rows = self.deps.store.samples_since(since).await?;
@@ -178,45 +180,123 @@ impl Coordinator {
         let mut restored = 0;
         for row in &rows {
             if reconcile_instances && self.instance_lost(row).await {
-                let error = Error::new(
-                    Kind::Gone,
-                    "instance_lost",
-                    "the sandbox's instance no longer exists at its provider (local sandboxes do not survive a gateway restart)",
-                );
-                let error_json = error.record().to_stored();
-                self.deps
-                    .store
-                    .transition_sandbox(
-                        &row.id,
-                        &["running", "paused", "stopped"],
-                        "failed",
-                        None,
-                        Some(&error_json),
-                        now_ms(),
-                    )
-                    .await?;
-                tracing::warn!(sandbox = %row.id, "sandbox instance lost; marked failed");
+                self.fail_lost(row).await?;
                 continue;
             }
             self.register_identity(row).await;
             restored += 1;
         }
+        if reconcile_instances {
+            self.release_unclaimed(&rows).await;
+        }
         Ok(restored)
+    }
+
+    /// Marks a sandbox whose instance is gone `failed`, saying why.
+    async fn fail_lost(&self, row: &SandboxRow) -> Result<(), StoreError> {
+        let placement = placement_of(row);
+        let why = placement.as_ref().and_then(|p| {
+            let adapter = self.deps.providers.for_pool(&p.pool)?;
+            adapter.readoption_failure(&p.instance_id)
+        });
+        let error = lost_error(placement.as_ref(), why.clone());
+        let error_json = error.record().to_stored();
+        self.deps
+            .store
+            .transition_sandbox(
+                &row.id,
+                &["running", "paused", "stopped"],
+                "failed",
+                None,
+                Some(&error_json),
+                now_ms(),
+            )
+            .await?;
+        let provider = placement.map(|p| p.provider).unwrap_or_default();
+        metrics::counter!("sandgate_sandboxes_lost_total", "provider" => provider).increment(1);
+        let code = why.as_ref().map_or("-", |(code, _)| *code);
+        tracing::warn!(sandbox = %row.id, code, reason = %error.message, "sandbox instance lost at start-up; marked failed");
+        Ok(())
+    }
+
+    /// Deletes the instances adapters re-adopted from a previous process that no sandbox is
+    /// placed on, unless their sandbox's create is still in flight (its resumed create finds
+    /// the instance by tag and adopts it, or the abandoned-attempt watch deletes it).
+    async fn release_unclaimed(&self, rows: &[SandboxRow]) {
+        let placed: std::collections::HashSet<String> = rows
+            .iter()
+            .filter_map(placement_of)
+            .map(|p| p.instance_id)
+            .collect();
+        for adapter in self.deps.providers.adapters() {
+            for instance in adapter.take_readopted() {
+                if placed.contains(&instance.id) || self.in_flight(&instance.tags.sandbox_id).await
+                {
+                    continue;
+                }
+                match adapter.delete(&instance.id).await {
+                    Ok(()) => {
+                        tracing::info!(sandbox = %instance.tags.sandbox_id, instance = %instance.id, "deleted a re-adopted instance no sandbox claims")
+                    }
+                    Err(e) => {
+                        tracing::warn!(instance = %instance.id, error = %e, "cannot delete a re-adopted instance no sandbox claims")
+                    }
+                }
+            }
+        }
+    }
+
+    async fn in_flight(&self, sandbox_id: &str) -> bool {
+        let row = self.deps.store.get_sandbox(sandbox_id).await;
+        // A store error proves nothing: keep the instance.
+        row.map_or(true, |row| {
+            row.is_some_and(|r| IN_FLIGHT_STATES.contains(&r.state.as_str()))
+        })
     }
 
     /// Whether the provider positively says the placed instance is gone (an error or no
     /// adapter proves nothing: the sandbox is kept).
     pub(super) async fn instance_lost(&self, row: &SandboxRow) -> bool {
-        let Some(placement) = row
-            .placement_json
-            .as_deref()
-            .and_then(|p| serde_json::from_str::<Placement>(p).ok())
-        else {
+        let Some(placement) = placement_of(row) else {
             return false;
         };
         let Some(adapter) = self.deps.providers.for_pool(&placement.pool) else {
             return false;
         };
-        matches!(adapter.get(&placement.instance_id).await, Ok(None))
+        let id = &placement.instance_id;
+        // Another live replica's process-local instance is invisible here: not ours to judge
+        // (unless this process found its remains and could not take them over).
+        if adapter.process_local()
+            && adapter.readoption_failure(id).is_none()
+            && !self.can_see(&placement).await
+        {
+            return false;
+        }
+        matches!(adapter.get(id).await, Ok(None))
     }
+}
+
+fn placement_of(row: &SandboxRow) -> Option<Placement> {
+    serde_json::from_str(row.placement_json.as_deref()?).ok()
+}
+
+/// The `instance_lost` error of a sandbox found gone at start-up: with the adapter's stable
+/// code (in `details.provider_state`) and message when it could not re-adopt the instance.
+fn lost_error(placement: Option<&Placement>, why: Option<(&'static str, String)>) -> Error {
+    let message = match &why {
+        Some((_, message)) => format!(
+            "the sandbox's instance could not be taken over after the gateway restarted: {message}"
+        ),
+        None => "the sandbox's instance no longer exists at its provider (for a local sandbox: \
+                 the gateway was stopped with [local] on_shutdown = \"stop\", or the machine \
+                 restarted)"
+            .to_string(),
+    };
+    Error::new(Kind::Gone, "instance_lost", message).with_details(Details {
+        provider: placement.map(|p| p.provider.clone()),
+        pool: placement.map(|p| p.pool.clone()),
+        instance_id: placement.map(|p| p.instance_id.clone()),
+        provider_state: why.map(|(code, _)| code.to_string()),
+        ..Details::default()
+    })
 }

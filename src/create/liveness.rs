@@ -139,7 +139,7 @@ impl Coordinator {
     /// Whether this replica can judge a process-local instance: it placed it, or the
     /// replica that did is gone (and its instances with it). While that replica lives, only
     /// it can see the instance, so an unknown instance here proves nothing.
-    async fn can_see(&self, placement: &Placement) -> bool {
+    pub(super) async fn can_see(&self, placement: &Placement) -> bool {
         let own = self.deps.store.origin();
         let Some(placed_by) = placement.placed_by.as_deref() else {
             return true;

@@ -56,6 +56,10 @@ pub struct PoolView {
     pub isolation: Vec<IsolationMode>,
     /// `native`, `gateway`, `advisory` or `none`.
     pub egress: String,
+    /// The pool's labels, as `placement.labels` matches them: the configured ones, and on
+    /// the default local pool what sandgate declares of this machine
+    /// (`sandgate.unenforced_limits`, `sandgate.users`).
+    pub labels: BTreeMap<String, String>,
     /// What the router may place on the pool for: the kind's table, narrowed to what its
     /// adapter does and by the configuration.
     pub capabilities: CapabilitiesView,
@@ -387,6 +391,7 @@ impl Parts {
             zone: pool.zone.as_deref().map(str::to_string),
             isolation: pool.capabilities.isolation.clone(),
             egress: pool.capabilities.egress.as_str().to_string(),
+            labels: pool.labels.clone(),
             capabilities: CapabilitiesView::of(&pool.capabilities),
             standby: pool.standby,
             capacity: pool.capacity,

@@ -144,6 +144,37 @@ fn unsupported_media() -> Response {
         .into_response()
 }
 
+/// The user an envd call runs as: the SDKs name it as `Authorization: Basic base64("NAME:")`.
+/// E2B's default user `user` (which older envd versions make the SDKs send on every call)
+/// is the pool's default user, so it is `None`; another name must be one the sandbox's pool
+/// declares, which the exec checks.
+fn envd_user(headers: &HeaderMap) -> Result<Option<String>, RpcError> {
+    use base64::Engine as _;
+    let Some(value) = headers.get(axum::http::header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let bad = || {
+        RpcError::new(
+            "invalid_argument",
+            "Authorization must be Basic base64(\"USER:\")",
+        )
+    };
+    let encoded = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Basic "))
+        .ok_or_else(bad)?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map_err(|_| bad())?;
+    let decoded = String::from_utf8(decoded).map_err(|_| bad())?;
+    let name = decoded.split(':').next().unwrap_or_default();
+    Ok(match name {
+        "" | crate::providers::local::DEFAULT_USER => None,
+        other => Some(other.to_string()),
+    })
+}
+
 /// What a `StartRequest` asks for, as a sandgate exec.
 fn exec_body(
     request: &Value,
@@ -182,6 +213,7 @@ fn exec_body(
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|ms| *ms > 0);
     let tag = request["tag"].as_str().map(str::to_string);
+    let user = envd_user(headers)?;
     let config = json!({"cmd": cmd, "args": args, "envs": envs.keys().map(|k| (k.clone(), "")).collect::<BTreeMap<_, _>>(), "cwd": cwd});
     let mut argv = vec![cmd.to_string()];
     argv.extend(args);
@@ -191,6 +223,7 @@ fn exec_body(
             env: envs,
             cwd,
             timeout_ms,
+            user,
         },
         config,
         tag,

@@ -162,7 +162,7 @@ fn own_path(proc_cgroup: &str, controller: &str) -> Option<String> {
 }
 
 /// One sandbox's groups.
-#[derive(Debug)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SandboxCgroups {
     pub freezer: Option<PathBuf>,
     pub memory: Option<PathBuf>,

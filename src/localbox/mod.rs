@@ -70,6 +70,10 @@
 //! * A snapshot is a tar of `/home/user` and `/tmp`; [`SandboxSpec::from_snapshot`]
 //!   restores one into a new sandbox, extracted *inside* that sandbox as its user so a
 //!   crafted archive cannot write outside it.
+//! * A sandbox is independent of the process that made it: its init is not killed when
+//!   that process dies, and `state.json` / `life.json` in its directory record what a
+//!   later process needs to re-adopt it ([`LocalRuntime::recover`]; the `recover` module
+//!   has the contract). Exec streams are the exception: they end with their process.
 //! * Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN, ...): [`LocalRuntime::new`] fails with
 //!   [`LocalboxError::Privileges`] naming what is missing. Unprivileged user namespaces
 //!   are not used (yet).
@@ -80,6 +84,7 @@ mod exec;
 mod fs;
 mod limits;
 mod pty;
+mod recover;
 pub mod seccomp;
 mod usage;
 
@@ -99,6 +104,7 @@ pub use cgroup::CgroupMode;
 pub use exec::{ExecCanceller, ExecEvent, ExecHandle, ExecOutput, ExitInfo, ExitReason};
 pub use limits::LimitHits;
 pub use pty::{signal_number, ExecInput, WinSize, ALLOWED_SIGNALS};
+pub use recover::{Recovered, Unrecoverable};
 pub use usage::Usage;
 
 /// The variables that carry the path of the gateway CA inside the sandbox.
@@ -115,6 +121,8 @@ pub const CA_ENV_VARS: [&str; 7] = [
 pub const PROXY_ENV_VARS: [&str; 4] = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"];
 /// `NO_PROXY` / `no_proxy` value: loopback only.
 pub const NO_PROXY: &str = "localhost,127.0.0.1,::1";
+/// The namespaces every sandbox process is in.
+const NAMESPACES: [&str; 5] = ["net", "pid", "mount", "uts", "ipc"];
 /// Where the CA file is placed inside the sandbox.
 pub const CA_PATH: &str = "/sandgate/ca.pem";
 /// The working directory (and `HOME`) of the sandbox's processes.
@@ -225,6 +233,9 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// A file written by [`LocalRuntime::snapshot`] to start from.
     pub from_snapshot: Option<PathBuf>,
+    /// The creator's own facts about the sandbox (for example which record it serves),
+    /// kept in its state file and handed back by [`LocalRuntime::recover`]. Not secrets.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Resource limits; `None` means unlimited.
@@ -280,7 +291,8 @@ pub struct Created {
     pub enforced: Enforced,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SandboxStatus {
     Running,
     Paused,
@@ -303,6 +315,9 @@ pub struct ExecRequest {
     /// Without a terminal: stdin is a pipe fed through [`ExecHandle::take_input`] (else
     /// `/dev/null`).
     pub stdin: bool,
+    /// Run as this uid and gid instead of [`RuntimeConfig`]'s (the caller checked that the
+    /// pool declares them).
+    pub user: Option<(u32, u32)>,
 }
 
 impl ExecRequest {
@@ -349,9 +364,10 @@ struct Tools {
 /// The local sandbox runtime. Share it behind an `Arc`; all methods take `&self`.
 ///
 /// Dropping the runtime deletes every sandbox it manages (processes, cgroups, network
-/// namespaces, directories), blocking until done: sandboxes do not outlive the gateway
-/// that runs them. After a crash, [`LocalRuntime::purge_orphans`] at the next start
-/// removes what was left.
+/// namespaces, directories), blocking until done, unless [`LocalRuntime::keep_running`]
+/// was called. A sandbox also outlives a process that dies without dropping the runtime
+/// (`kill -9`). At the next start, [`LocalRuntime::recover`] re-adopts what is intact and
+/// removes the rest (see `recover`); [`LocalRuntime::purge_orphans`] removes everything.
 #[derive(Debug)]
 pub struct LocalRuntime {
     config: RuntimeConfig,
@@ -362,6 +378,8 @@ pub struct LocalRuntime {
     /// The seccomp filter every exec installs; `None` where it is not available.
     filter: Option<Arc<seccomp::Filter>>,
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
+    /// Set by [`LocalRuntime::keep_running`]: dropping the runtime leaves the sandboxes.
+    keep: std::sync::atomic::AtomicBool,
 }
 
 /// One entry of the `metal/base` layout, the same for every sandbox.
@@ -383,6 +401,10 @@ struct Sandbox {
     root: PathBuf,
     netns: String,
     env: Vec<(String, String)>,
+    /// Where the proxy listener is bound inside the namespace (kept for re-adoption).
+    proxy_port: u16,
+    /// The creator's labels ([`SandboxSpec::labels`]), kept for re-adoption.
+    labels: BTreeMap<String, String>,
     cgroups: cgroup::SandboxCgroups,
     seq: AtomicU64,
     life: tokio::sync::Mutex<Life>,
@@ -396,14 +418,22 @@ struct Life {
 
 #[derive(Debug)]
 struct Init {
-    /// The `unshare` process (host PID namespace); our child.
-    child: tokio::process::Child,
+    /// The `unshare` process (host PID namespace) when it is our child; `None` for an
+    /// init re-adopted from a previous gateway process (its parent is gone).
+    child: Option<tokio::process::Child>,
+    /// The `unshare` process, as seen from the host.
+    unshare: recover::ProcId,
     /// PID 1 of the sandbox, as seen from the host.
-    pid1: u32,
+    pid1: recover::ProcId,
 }
 
 impl Drop for LocalRuntime {
     fn drop(&mut self) {
+        if self.keep.load(Ordering::Relaxed) {
+            // [`LocalRuntime::keep_running`]: the sandboxes outlive this process, to be
+            // re-adopted by the next one ([`LocalRuntime::recover`]).
+            return;
+        }
         let sandboxes: Vec<Arc<Sandbox>> = self.map().drain().map(|(_, s)| s).collect();
         if sandboxes.is_empty() {
             return;
@@ -468,6 +498,7 @@ impl LocalRuntime {
             layout,
             filter,
             sandboxes: Mutex::new(HashMap::new()),
+            keep: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -543,6 +574,8 @@ impl LocalRuntime {
                 dir,
                 netns,
                 env,
+                proxy_port: port,
+                labels: spec.labels.clone(),
                 cgroups,
                 seq: AtomicU64::new(0),
                 life: tokio::sync::Mutex::new(Life {
@@ -553,7 +586,14 @@ impl LocalRuntime {
             map.insert(spec.id.clone(), sandbox.clone());
             sandbox
         };
-        match self.build(sandbox, &spec, port).await {
+        let built = match self.build(sandbox.clone(), &spec, port).await {
+            Ok(created) => self
+                .persist_new(&sandbox, &created.enforced)
+                .await
+                .map(|()| created),
+            Err(e) => Err(e),
+        };
+        match built {
             Ok(created) => Ok(created),
             Err(e) => {
                 if let Err(cleanup) = self.delete(&spec.id).await {
@@ -575,7 +615,7 @@ impl LocalRuntime {
             .map_err(|e| LocalboxError::setup("bringing up loopback", e))?;
 
         let mut enforced = Enforced {
-            namespaces: vec!["net", "pid", "mount", "uts", "ipc"],
+            namespaces: NAMESPACES.to_vec(),
             memory_bytes: None,
             cpu_millis: None,
             pids: None,
@@ -759,8 +799,9 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             .env("PATH", SANDBOX_PATH)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
+        // No kill-on-drop: a sandbox may outlive this process ([`LocalRuntime::keep_running`]);
+        // every path that ends a sandbox kills its init explicitly (`kill_all`).
         join_cgroups_before_exec(&mut cmd, join);
         let mut child = cmd
             .spawn()
@@ -791,11 +832,20 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
                 detail.trim(),
             ));
         }
-        let unshare_pid = child.id().unwrap_or(0);
-        let pid1 = child_of(unshare_pid).ok_or_else(|| {
-            LocalboxError::setup("starting the sandbox init", "init process vanished")
-        })?;
-        Ok(Init { child, pid1 })
+        let vanished =
+            || LocalboxError::setup("starting the sandbox init", "init process vanished");
+        let unshare = child
+            .id()
+            .and_then(recover::ProcId::of)
+            .ok_or_else(vanished)?;
+        let pid1 = child_of(unshare.pid)
+            .and_then(recover::ProcId::of)
+            .ok_or_else(vanished)?;
+        Ok(Init {
+            child: Some(child),
+            unshare,
+            pid1,
+        })
     }
 
     /// Restores a snapshot by extracting it inside the sandbox, as the sandbox user.
@@ -836,7 +886,7 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
         let (cwd, env) = exec_setting(&sandbox, &request)?;
         let life = sandbox.life.lock().await;
         let init = match (&life.status, &life.init) {
-            (SandboxStatus::Running, Some(init)) => init,
+            (SandboxStatus::Running, Some(init)) => init.pid1.pid,
             (status, _) => {
                 return Err(LocalboxError::State {
                     id: id.to_string(),
@@ -857,13 +907,8 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
                 let _ = std::fs::remove_dir(dir);
             }
         };
-        let (entry, pidns) = match enter::Entry::open(
-            init.pid1,
-            &cwd,
-            self.config.uid,
-            self.config.gid,
-            self.filter.clone(),
-        ) {
+        let (uid, gid) = request.user.unwrap_or((self.config.uid, self.config.gid));
+        let (entry, pidns) = match enter::Entry::open(init, &cwd, uid, gid, self.filter.clone()) {
             Ok(opened) => opened,
             Err(e) => {
                 remove_group();
@@ -875,7 +920,7 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             .env_clear()
             .envs(env)
             .kill_on_drop(true);
-        let io = pty::Io::open(request.tty, request.stdin, self.config.uid, self.config.gid);
+        let io = pty::Io::open(request.tty, request.stdin, uid, gid);
         let session = request.tty.is_some();
         let master = match io.and_then(|io| io.configure(&mut cmd)) {
             Ok(master) => master,
@@ -976,8 +1021,11 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
         let life = sandbox.life.lock().await;
         let mut pids = sandbox.cgroups.pids();
         if let Some(init) = &life.init {
-            pids.push(init.pid1);
-            pids.extend(init.child.id());
+            pids.extend(
+                [init.pid1, init.unshare]
+                    .into_iter()
+                    .filter_map(|p| p.alive().then_some(p.pid)),
+            );
         }
         pids.sort_unstable();
         pids.dedup();
@@ -988,7 +1036,9 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
     pub async fn stop(&self, id: &str) -> Result<()> {
         let sandbox = self.get(id)?;
         let mut life = sandbox.life.lock().await;
-        self.kill_all(&sandbox, &mut life).await
+        self.kill_all(&sandbox, &mut life).await?;
+        recover::persist_life(&sandbox, &life);
+        Ok(())
     }
 
     /// Starts a stopped sandbox again (a fresh init; files as they were).
@@ -1005,6 +1055,7 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
         }
         life.init = Some(self.start_init(&sandbox).await?);
         life.status = SandboxStatus::Running;
+        recover::persist_life(&sandbox, &life);
         Ok(())
     }
 
@@ -1043,6 +1094,7 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             .await
             .map_err(|e| LocalboxError::setup(op, e))?;
         life.status = to;
+        recover::persist_life(&sandbox, &life);
         Ok(())
     }
 
@@ -1095,6 +1147,18 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
     /// directories. Sandboxes this runtime manages are untouched. Call it at startup;
     /// returns the ids removed.
     pub async fn purge_orphans(&self) -> Result<Vec<String>> {
+        let mut purged = Vec::new();
+        for id in self.leftover_ids()? {
+            let cgroups = cgroup::SandboxCgroups::existing(&self.controllers, &id);
+            self.remove_remains(&id, cgroups, None).await?;
+            purged.push(id);
+        }
+        Ok(purged)
+    }
+
+    /// Ids of the sandbox directories in `base_dir` this runtime does not manage (left by a
+    /// previous process), sorted.
+    fn leftover_ids(&self) -> Result<Vec<String>> {
         let mut ids: Vec<String> = std::fs::read_dir(&self.base)
             .map_err(|e| LocalboxError::setup("reading base_dir", e))?
             .flatten()
@@ -1103,31 +1167,37 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             .filter(|id| validate_id(id).is_ok())
             .collect();
         ids.sort();
-        let mut purged = Vec::new();
-        for id in ids {
-            if self.map().contains_key(&id) {
-                continue;
-            }
-            let dir = self.base.join(&id);
-            let orphan = Sandbox {
-                root: dir.join("root"),
-                dir,
-                netns: self.netns_name(&id),
-                env: Vec::new(),
-                cgroups: cgroup::SandboxCgroups::existing(&self.controllers, &id),
-                seq: AtomicU64::new(0),
-                life: tokio::sync::Mutex::new(Life {
-                    status: SandboxStatus::Stopped,
-                    init: None,
-                }),
-                id,
-            };
-            let mut life = orphan.life.lock().await;
-            self.teardown(&orphan, &mut life).await?;
-            drop(life);
-            purged.push(orphan.id);
-        }
-        Ok(purged)
+        let managed = self.map();
+        ids.retain(|id| !managed.contains_key(id));
+        Ok(ids)
+    }
+
+    /// Removes what a sandbox this runtime does not manage left behind: its processes (the
+    /// init, when known, and everything in its cgroups), cgroups, namespace and directory.
+    async fn remove_remains(
+        &self,
+        id: &str,
+        cgroups: cgroup::SandboxCgroups,
+        init: Option<Init>,
+    ) -> Result<()> {
+        let dir = self.base.join(id);
+        let orphan = Sandbox {
+            root: dir.join("root"),
+            dir,
+            netns: self.netns_name(id),
+            env: Vec::new(),
+            proxy_port: 0,
+            labels: BTreeMap::new(),
+            cgroups,
+            seq: AtomicU64::new(0),
+            life: tokio::sync::Mutex::new(Life {
+                status: SandboxStatus::Stopped,
+                init,
+            }),
+            id: id.to_string(),
+        };
+        let mut life = orphan.life.lock().await;
+        self.teardown(&orphan, &mut life).await
     }
 
     async fn teardown(&self, sandbox: &Sandbox, life: &mut Life) -> Result<()> {
@@ -1173,17 +1243,8 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
                 .await
                 .map_err(|e| LocalboxError::setup("killing the sandbox's processes", e))?;
         }
-        if let Some(mut init) = life.init.take() {
-            cgroup::signal(init.pid1, libc::SIGKILL);
-            let _ = init.child.start_kill();
-            // Polled rather than awaited: at shutdown this runs on a private runtime, where
-            // the child's wait registration (made on the gateway's runtime) never fires.
-            for _ in 0..1000 {
-                if !matches!(init.child.try_wait(), Ok(None)) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+        if let Some(init) = life.init.take() {
+            kill_init(init).await;
         }
         for dir in [&sandbox.cgroups.memory, &sandbox.cgroups.cpu]
             .into_iter()
@@ -1195,6 +1256,32 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
         }
         life.status = SandboxStatus::Stopped;
         Ok(())
+    }
+}
+
+/// Kills a sandbox's init (its PID namespace goes with it) and waits, bounded, until it is
+/// gone. A process is signalled only while it is still the one recorded (same start time),
+/// so a re-adopted init whose pid was reused is never confused with a stranger.
+async fn kill_init(mut init: Init) {
+    for proc in [init.pid1, init.unshare] {
+        if proc.alive() {
+            cgroup::signal(proc.pid, libc::SIGKILL);
+        }
+    }
+    // Polled rather than awaited: at shutdown this runs on a private runtime, where the
+    // child's wait registration (made on the gateway's runtime) never fires.
+    for _ in 0..1000 {
+        let gone = match init.child.as_mut() {
+            Some(child) => {
+                let _ = child.start_kill();
+                !matches!(child.try_wait(), Ok(None))
+            }
+            None => !init.pid1.alive() && !init.unshare.alive(),
+        };
+        if gone {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

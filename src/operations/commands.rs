@@ -29,6 +29,8 @@ pub struct ExecRequest {
     pub cwd: Option<String>,
     /// Kill the command's process tree after this many milliseconds.
     pub timeout_ms: Option<u64>,
+    /// Run as this user, one the sandbox's pool declares (default: the pool's default user).
+    pub user: Option<String>,
 }
 
 /// Everything about an exec request the types do not say, checked before policy sees it:
@@ -46,6 +48,17 @@ pub fn check_exec(request: &ExecRequest) -> Result<(), Error> {
         return Err(invalid(
             "timeout_ms",
             "`timeout_ms` must be between 1 and 86400000",
+        ));
+    }
+    if request
+        .user
+        .as_deref()
+        .is_some_and(|u| !crate::ops::user_name(u))
+    {
+        return Err(invalid(
+            "user",
+            "`user` must be a user name: 1 to 32 of a-z, 0-9, '_' and '-', starting with a \
+             letter or '_'",
         ));
     }
     Ok(())
@@ -121,9 +134,15 @@ pub async fn start_command(
         argv: &request.argv,
         cwd: request.cwd.as_deref(),
         env_names: request.env.keys().map(String::as_str).collect(),
+        user: request.user.as_deref(),
     };
     let (located, adapter) =
         authorize(ctx, caller, id, Layer::Action, "exec", detail, &["running"]).await?;
+    if let Some(user) = &request.user {
+        adapter
+            .exec_user(user)
+            .map_err(super::authorize::op_error)?;
+    }
     let stream = adapter
         .exec(
             instance(&located),
@@ -132,6 +151,7 @@ pub async fn start_command(
                 env: request.env,
                 cwd: request.cwd,
                 timeout,
+                user: request.user,
             },
         )
         .await

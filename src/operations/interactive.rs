@@ -30,6 +30,7 @@ pub async fn start_interactive(
         argv: &request.argv,
         cwd: request.cwd.as_deref(),
         env_names: request.env.keys().map(String::as_str).collect(),
+        user: request.user.as_deref(),
     };
     let (located, adapter) = authorize(
         ctx,
@@ -41,11 +42,17 @@ pub async fn start_interactive(
         &["running"],
     )
     .await?;
+    if let Some(user) = &request.user {
+        adapter
+            .exec_user(user)
+            .map_err(super::authorize::op_error)?;
+    }
     let spec = ExecSpec {
         argv: request.argv,
         env: request.env,
         cwd: request.cwd,
         timeout: request.timeout_ms.map(Duration::from_millis),
+        user: request.user,
     };
     let started = adapter
         .exec_interactive(instance(&located), spec, mode)

@@ -192,6 +192,8 @@ pub enum OperationDetail<'a> {
         argv: &'a [String],
         cwd: Option<&'a str>,
         env_names: Vec<&'a str>,
+        /// The user asked for (`null`: the pool's default user).
+        user: Option<&'a str>,
     },
     /// `input.exec.exec_id`: acting on a running `/v1` exec.
     ExecId(&'a str),
@@ -221,9 +223,10 @@ impl OperationDetail<'_> {
                 argv,
                 cwd,
                 env_names,
+                user,
             } => (
                 "exec",
-                json!({"argv": argv, "cwd": cwd, "env_names": env_names}),
+                json!({"argv": argv, "cwd": cwd, "env_names": env_names, "user": user}),
             ),
             OperationDetail::ExecId(exec_id) => ("exec", json!({"exec_id": exec_id})),
             OperationDetail::ExecPid(pid) => ("exec", json!({"pid": pid})),

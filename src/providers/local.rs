@@ -17,15 +17,24 @@
 //!   the view's `limits.unenforced`; the default pool declares only enforced resources.
 //! - The sandbox's view carries `limits` ([`Provider::limits_view`]): what is enforced,
 //!   memory kills, refused forks, a full disk, and a `limit_reached` event for each.
-//! - Instances do not survive a gateway restart: the runtime's processes die with it, and
-//!   the next start removes what is left ([`LocalProvider::new`] purges orphans), so `get`
-//!   answers `None` for them.
+//! - Instances survive a gateway restart ([`crate::localbox`]'s `recover` module says how a
+//!   sandbox is recognised from its state files). [`LocalProvider::new`] re-adopts every
+//!   instance the previous process left whose init, namespace, cgroups and root are still
+//!   there: its listener serves the same sandbox identity (its tag) again, `get` answers it,
+//!   and [`Provider::take_readopted`] hands it to the coordinator once, which deletes it
+//!   unless a sandbox is placed on it or its create is still in flight (the resumed create
+//!   finds it by tag). An instance that cannot be re-adopted has its remains removed, `get`
+//!   answers `None`, and [`Provider::readoption_failure`] says why (a stable code from
+//!   the `recover` module and a message), which becomes the sandbox's `error`.
+//! - A graceful stop leaves the instances running with `[local] on_shutdown = "keep"` (the
+//!   default) and deletes them with `"stop"` (see `Server::stop`). A command attached to an
+//!   exec stream loses it (a graceful stop ends the command); what it left running goes on.
 //! - `usage` (E2B's `get_metrics`) reads the sandbox's cgroups, `/proc` standing in where
 //!   they lack a figure ([`LocalRuntime::usage`]).
 //! - Snapshots are tar files `<snapshot_dir>/<snap id>.tar`; `create` with a snapshot
 //!   restores it inside the new sandbox.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -42,8 +51,13 @@ use super::{
 };
 use crate::egress::EgressState;
 use crate::localbox::{
-    ExecHandle, ExecRequest, Limits, LocalRuntime, LocalboxError, RuntimeConfig, SandboxSpec,
+    Enforced, ExecHandle, ExecRequest, Limits, LocalRuntime, LocalboxError, Recovered,
+    RuntimeConfig, SandboxSpec, Unrecoverable,
 };
+
+/// The labels a local sandbox records its tags under (see [`SandboxSpec::labels`]).
+const SANDBOX_LABEL: &str = "sandbox_id";
+const ATTEMPT_LABEL: &str = "attempt_id";
 
 pub struct LocalProvider {
     runtime: Arc<LocalRuntime>,
@@ -53,7 +67,13 @@ pub struct LocalProvider {
     snapshot_dir: PathBuf,
     defaults: Resolved,
     max: Resolved,
+    /// Who an exec may run as ([`LocalConfig::all_users`]).
+    users: BTreeMap<String, LocalUser>,
     instances: Mutex<HashMap<String, LocalInstance>>,
+    /// Re-adopted at start, not yet handed to the coordinator.
+    readopted: Mutex<Vec<Instance>>,
+    /// Instances of the previous process that could not be re-adopted, by id.
+    unrecoverable: HashMap<String, Unrecoverable>,
 }
 
 struct LocalInstance {
@@ -90,17 +110,32 @@ pub fn runtime_config(config: &LocalConfig) -> RuntimeConfig {
 }
 
 impl LocalProvider {
-    /// Takes over the runtime and removes the sandboxes a previous process left behind.
+    /// Takes over the runtime and re-adopts the sandboxes a previous process left running
+    /// (the others' remains are removed).
     pub async fn new(
         runtime: Arc<LocalRuntime>,
         egress: Arc<EgressState>,
         ca_pem: Vec<u8>,
         config: &LocalConfig,
     ) -> Result<LocalProvider, LocalboxError> {
-        let purged = runtime.purge_orphans().await?;
-        if !purged.is_empty() {
-            tracing::info!(count = purged.len(), ids = ?purged, "removed local sandboxes a previous run left behind");
+        let (recovered, lost) = runtime.recover().await?;
+        let mut provider = LocalProvider::build(runtime, egress, ca_pem, config)?;
+        for sandbox in recovered {
+            provider.readopt(sandbox).await;
         }
+        for failure in lost {
+            tracing::warn!(instance = %failure.id, sandbox = failure.labels.get(SANDBOX_LABEL).map(String::as_str).unwrap_or("-"), code = failure.code, reason = %failure.message, "a local sandbox of the previous run could not be re-adopted; its remains were removed");
+            provider.unrecoverable.insert(failure.id.clone(), failure);
+        }
+        Ok(provider)
+    }
+
+    fn build(
+        runtime: Arc<LocalRuntime>,
+        egress: Arc<EgressState>,
+        ca_pem: Vec<u8>,
+        config: &LocalConfig,
+    ) -> Result<LocalProvider, LocalboxError> {
         std::fs::create_dir_all(&config.snapshot_dir).map_err(|e| LocalboxError::Setup {
             step: format!("creating {}", config.snapshot_dir.display()),
             detail: e.to_string(),
@@ -131,8 +166,81 @@ impl LocalProvider {
             snapshot_dir: config.snapshot_dir.clone(),
             defaults: config.limits().0,
             max: config.limits().1,
+            users: config.all_users(),
             instances: Mutex::new(HashMap::new()),
+            readopted: Mutex::new(Vec::new()),
+            unrecoverable: HashMap::new(),
         })
+    }
+
+    /// Serves a sandbox the previous process left running, under the tags it recorded; one
+    /// without them (not made by this provider) is deleted.
+    async fn readopt(&mut self, sandbox: Recovered) {
+        let tags = match (
+            sandbox.labels.get(SANDBOX_LABEL),
+            sandbox.labels.get(ATTEMPT_LABEL),
+        ) {
+            (Some(s), Some(a)) => Tags {
+                sandbox_id: s.clone(),
+                attempt_id: a.clone(),
+            },
+            _ => {
+                let _ = self.runtime.delete(&sandbox.id).await;
+                let message = "its state file carries no sandbox tags".to_string();
+                self.unrecoverable.insert(
+                    sandbox.id.clone(),
+                    Unrecoverable {
+                        id: sandbox.id,
+                        labels: sandbox.labels,
+                        code: "state_mismatch",
+                        message,
+                    },
+                );
+                return;
+            }
+        };
+        tracing::info!(sandbox = %tags.sandbox_id, instance = %sandbox.id, status = ?sandbox.status, "re-adopted a local sandbox of the previous run");
+        self.serve_instance(&sandbox.id, &tags, sandbox.listener, sandbox.enforced);
+        self.readopted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Instance {
+                id: sandbox.id,
+                tags,
+                state: InstanceState::Running,
+            });
+    }
+
+    /// Serves the instance's egress on its listener (as its sandbox, whatever a request
+    /// says), watches its limits and records it.
+    fn serve_instance(
+        &self,
+        instance_id: &str,
+        tags: &Tags,
+        listener: tokio::net::TcpListener,
+        enforced: Enforced,
+    ) {
+        let sandbox_id: Arc<str> = Arc::from(tags.sandbox_id.as_str());
+        let listener = tokio::spawn(crate::egress::serve_for(
+            listener,
+            self.egress.clone(),
+            sandbox_id,
+        ));
+        let (limits, watcher) = local_limits::watch(
+            self.runtime.clone(),
+            instance_id.to_string(),
+            tags.sandbox_id.clone(),
+            enforced,
+        );
+        self.map().insert(
+            instance_id.to_string(),
+            LocalInstance {
+                tags: tags.clone(),
+                listener,
+                limits,
+                watcher,
+            },
+        );
     }
 
     pub fn runtime(&self) -> &Arc<LocalRuntime> {
@@ -154,6 +262,37 @@ impl LocalProvider {
             ));
         }
         Ok(self.snapshot_dir.join(format!("{id}.tar")))
+    }
+
+    /// The uid and gid of a declared user (`None`: the default user's, the runtime's own);
+    /// an undeclared one is refused naming those that are.
+    /// The runtime's request for an exec (its user checked against the pool's).
+    fn exec_request(&self, spec: ExecSpec) -> Result<ExecRequest, OpError> {
+        Ok(ExecRequest {
+            user: self.user_ids(spec.user.as_deref())?,
+            argv: spec.argv,
+            env: spec.env,
+            cwd: spec.cwd,
+            timeout: spec.timeout,
+            ..ExecRequest::default()
+        })
+    }
+
+    fn user_ids(&self, user: Option<&str>) -> Result<Option<(u32, u32)>, OpError> {
+        let Some(name) = user else {
+            return Ok(None);
+        };
+        match self.users.get(name) {
+            Some(u) => Ok(Some((u.uid, u.gid))),
+            None => Err(OpError::new(
+                OpErrorKind::Invalid,
+                format!(
+                    "user {name:?} is not declared by this local pool; it declares: {} \
+                     ([local.users] in the gateway's configuration)",
+                    self.users.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )),
+        }
     }
 
     async fn do_create(&self, spec: CreateSpec) -> Result<Instance, ProviderError> {
@@ -189,6 +328,13 @@ impl LocalProvider {
                 env: spec.env.clone(),
                 limits,
                 from_snapshot,
+                labels: [
+                    (SANDBOX_LABEL, &spec.tags.sandbox_id),
+                    (ATTEMPT_LABEL, &spec.tags.attempt_id),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
             })
             .await
             .map_err(|e| {
@@ -203,12 +349,6 @@ impl LocalProvider {
                 };
                 ProviderError::new(class, e.to_string())
             })?;
-        let sandbox_id: Arc<str> = Arc::from(spec.tags.sandbox_id.as_str());
-        let listener = tokio::spawn(crate::egress::serve_for(
-            created.listener,
-            self.egress.clone(),
-            sandbox_id,
-        ));
         tracing::info!(
             sandbox = %spec.tags.sandbox_id,
             instance = %instance_id,
@@ -216,21 +356,7 @@ impl LocalProvider {
             enforced = ?created.enforced,
             "local sandbox running"
         );
-        let (limits, watcher) = local_limits::watch(
-            self.runtime.clone(),
-            instance_id.clone(),
-            spec.tags.sandbox_id.clone(),
-            created.enforced,
-        );
-        self.map().insert(
-            instance_id.clone(),
-            LocalInstance {
-                tags: spec.tags.clone(),
-                listener,
-                limits,
-                watcher,
-            },
-        );
+        self.serve_instance(&instance_id, &spec.tags, created.listener, created.enforced);
         Ok(Instance {
             id: instance_id,
             tags: spec.tags,
@@ -246,6 +372,15 @@ impl Provider for LocalProvider {
 
     fn process_local(&self) -> bool {
         true
+    }
+
+    fn take_readopted(&self) -> Vec<Instance> {
+        std::mem::take(&mut *self.readopted.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn readoption_failure(&self, instance_id: &str) -> Option<(&'static str, String)> {
+        let failure = self.unrecoverable.get(instance_id)?;
+        Some((failure.code, failure.message.clone()))
     }
 
     fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, ProviderError>> {
@@ -322,13 +457,20 @@ impl Provider for LocalProvider {
         })
     }
 
+    fn exec_user(&self, user: &str) -> Result<(), OpError> {
+        self.user_ids(Some(user)).map(|_| ())
+    }
+
     fn exec<'a>(
         &'a self,
         instance_id: &'a str,
         spec: ExecSpec,
     ) -> BoxFuture<'a, Result<ExecStream, OpError>> {
         Box::pin(async move {
-            let handle = self.runtime.exec(instance_id, exec_request(spec)).await?;
+            let handle = self
+                .runtime
+                .exec(instance_id, self.exec_request(spec)?)
+                .await?;
             Ok(exec_stream(handle))
         })
     }
@@ -340,7 +482,7 @@ impl Provider for LocalProvider {
         mode: InputMode,
     ) -> BoxFuture<'a, Result<InteractiveStream, OpError>> {
         Box::pin(async move {
-            let mut request = exec_request(spec);
+            let mut request = self.exec_request(spec)?;
             match mode {
                 InputMode::Terminal(size) => request.tty = Some(size),
                 InputMode::Stdin => request.stdin = true,
@@ -524,9 +666,14 @@ pub struct LocalConfig {
     /// Port of the proxy listener inside each sandbox's network namespace; the sandbox's
     /// `HTTP_PROXY` is `http://127.0.0.1:<proxy_port>`.
     pub proxy_port: u16,
-    /// User and group the sandbox's processes run as.
+    /// User and group the sandbox's processes run as: its default user, named `user`.
     pub uid: u32,
     pub gid: u32,
+    /// `[local.users]`: the other users an exec may ask for by name, e.g.
+    /// `root = { uid = 0, gid = 0 }` (none by default). A sandbox stays in its namespaces,
+    /// chroot, cgroups and seccomp filter whoever it runs as, but uid 0 there is the host's
+    /// root: declare it only for workloads you would trust with it.
+    pub users: BTreeMap<String, LocalUser>,
     /// Extra host directories bound read-only into every sandbox at the same path.
     pub extra_ro_binds: Vec<PathBuf>,
     /// Network namespaces are named `<netns_prefix><instance id>` (see `ip netns list`).
@@ -539,9 +686,61 @@ pub struct LocalConfig {
     pub defaults: LocalLimits,
     /// `[local.max]`: the most a create's `resources` may ask for.
     pub max: LocalLimits,
+    /// What a graceful stop (SIGTERM, Ctrl-C) does to the running local sandboxes.
+    pub on_shutdown: OnShutdown,
 }
 
+/// `[local] on_shutdown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnShutdown {
+    /// Leave them running; the next start re-adopts them.
+    #[default]
+    Keep,
+    /// Delete them (processes, files, namespaces, cgroups).
+    Stop,
+}
+
+/// One declared user of `[local.users]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalUser {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The name of a local sandbox's default user (`[local] uid`/`gid`).
+pub const DEFAULT_USER: &str = "user";
+
 impl LocalConfig {
+    /// Every user an exec may run as, by name: [`DEFAULT_USER`] and `[local.users]`.
+    pub fn all_users(&self) -> BTreeMap<String, LocalUser> {
+        let mut users = self.users.clone();
+        let default = LocalUser {
+            uid: self.uid,
+            gid: self.gid,
+        };
+        users.insert(DEFAULT_USER.to_string(), default);
+        users
+    }
+
+    /// `[local.users]` is valid: portable names, none of them the default user's.
+    pub fn check_users(&self) -> Result<(), (String, String)> {
+        for name in self.users.keys() {
+            let key = format!("local.users.{name}");
+            if name == DEFAULT_USER {
+                let why = "`user` is the default user: set [local] uid and gid instead";
+                return Err((key, why.into()));
+            }
+            if !crate::ops::user_name(name) {
+                let why = "a user name is 1 to 32 of a-z, 0-9, '_' and '-', starting with a \
+                           letter or '_'";
+                return Err((key, why.into()));
+            }
+        }
+        Ok(())
+    }
+
     /// `[local.defaults]` and `[local.max]` with the built-in values filled in.
     pub fn limits(&self) -> (Resolved, Resolved) {
         (
@@ -559,23 +758,15 @@ impl Default for LocalConfig {
             proxy_port: 3128,
             uid: 65534,
             gid: 65534,
+            users: BTreeMap::new(),
             extra_ro_binds: Vec::new(),
             netns_prefix: "sg-".into(),
             cgroup: "sandgate".into(),
             capacity: 16,
             defaults: LocalLimits::default(),
             max: LocalLimits::default(),
+            on_shutdown: OnShutdown::Keep,
         }
-    }
-}
-
-fn exec_request(spec: ExecSpec) -> ExecRequest {
-    ExecRequest {
-        argv: spec.argv,
-        env: spec.env,
-        cwd: spec.cwd,
-        timeout: spec.timeout,
-        ..ExecRequest::default()
     }
 }
 

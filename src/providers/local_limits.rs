@@ -101,10 +101,12 @@ pub fn limits_for(
     let memory_mb = resources.memory_mb.unwrap_or(defaults.memory_mb);
     let cpu = resources.cpu.unwrap_or(defaults.cpu);
     let disk_mb = resources.disk_gb.map_or(defaults.disk_mb, |gb| gb * 1024);
+    let pids = resources.pids.unwrap_or(defaults.pids);
     let above = [
         ("memory_mb", memory_mb as f64, max.memory_mb as f64),
         ("cpu", cpu, max.cpu),
         ("disk_mb", disk_mb as f64, max.disk_mb as f64),
+        ("pids", pids as f64, max.pids as f64),
     ];
     if let Some((field, value, max)) = above.into_iter().find(|(_, v, m)| v > m) {
         return Err(format!(
@@ -116,7 +118,7 @@ pub fn limits_for(
         cpu_millis: caps
             .cpu_limit
             .then(|| (cpu * 1000.0).round().max(1.0) as u32),
-        pids: caps.pids_limit.then_some(defaults.pids),
+        pids: caps.pids_limit.then_some(pids),
         disk_bytes: caps.disk_limit.then_some(disk_mb * 1024 * 1024),
     })
 }
@@ -275,11 +277,19 @@ mod tests {
         let raised = sandgate_router::Resources {
             memory_mb: Some(4096),
             disk_gb: Some(10),
+            pids: Some(64),
             ..Default::default()
         };
         let limits = limits_for(&d, &m, &raised, &caps(true)).unwrap();
         assert_eq!(limits.memory_bytes, Some(4096 << 20));
         assert_eq!(limits.disk_bytes, Some(10 << 30));
+        assert_eq!(limits.pids, Some(64));
+        let too_many = sandgate_router::Resources {
+            pids: Some(5000),
+            ..Default::default()
+        };
+        let err = limits_for(&d, &m, &too_many, &caps(true)).unwrap_err();
+        assert!(err.contains("pids = 5000 is above"), "{err}");
         let above = sandgate_router::Resources {
             cpu: Some(8.0),
             ..Default::default()

@@ -440,6 +440,19 @@ pub trait Provider: Send + Sync + 'static {
         instance_id: &'a str,
     ) -> BoxFuture<'a, Result<RuntimeCapabilities, ProviderError>>;
 
+    /// Instances this adapter took over at start from a previous gateway process (the
+    /// local provider re-adopts the sandboxes that outlived it), each returned once: the
+    /// coordinator deletes those no sandbox claims (see `Coordinator::restore`). Default: none.
+    fn take_readopted(&self) -> Vec<Instance> {
+        Vec::new()
+    }
+    /// Why an instance of a previous gateway process could not be taken over, as a stable
+    /// code and a message, when this adapter knows (the local provider); `None` otherwise.
+    fn readoption_failure(&self, instance_id: &str) -> Option<(&'static str, String)> {
+        let _ = instance_id;
+        None
+    }
+
     /// Whether only the process that created an instance can see it (the simulated and
     /// local providers keep their instances in the replica's memory or as its children).
     /// Then another replica's `get` answering `None` proves nothing about the instance, and
@@ -498,6 +511,21 @@ pub trait Provider: Send + Sync + 'static {
         sandgate_router::ProviderKind::from_name(self.kind())
             .and_then(hosted::ceiling)
             .is_none_or(|caps| caps.process_cancel)
+    }
+
+    /// Whether a command may run as `user` (a valid user name): `Ok` for a user the
+    /// provider's pool declares. The default refuses every choice, `unsupported`: the
+    /// hosted adapters run commands as their provider's own user and cannot pick another,
+    /// and a `user` they dropped silently would run the command as someone else.
+    fn exec_user(&self, user: &str) -> Result<(), OpError> {
+        let _ = user;
+        Err(OpError::new(
+            OpErrorKind::Unsupported,
+            format!(
+                "provider kind {:?} runs commands as its own user: `user` cannot be chosen",
+                self.kind()
+            ),
+        ))
     }
 
     // Operations on a running instance. An adapter implements those its provider offers;
@@ -705,6 +733,18 @@ impl ProviderRegistry {
 
     pub fn for_pool(&self, pool: &str) -> Option<Arc<dyn Provider>> {
         self.by_pool.get(pool).cloned()
+    }
+
+    /// Every adapter once (pools may share one).
+    pub fn adapters(&self) -> Vec<Arc<dyn Provider>> {
+        let mut out: Vec<Arc<dyn Provider>> = Vec::new();
+        for adapter in self.by_pool.values() {
+            let ptr = Arc::as_ptr(adapter) as *const ();
+            if !out.iter().any(|a| Arc::as_ptr(a) as *const () == ptr) {
+                out.push(adapter.clone());
+            }
+        }
+        out
     }
 
     /// The simulated provider of a pool, for tests and demos to inspect its inventory.

@@ -487,6 +487,7 @@ async fn exec_files_list_get_and_delete() {
             env: BTreeMap::from([("GREETING".to_string(), "hi $there".to_string())]),
             cwd: Some("/home/user".into()),
             timeout: None,
+            user: None,
         },
     )
     .await;

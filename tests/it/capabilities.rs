@@ -563,6 +563,7 @@ async fn run(case: &Case) {
     let env = Env::start(case).await;
     env.pools_view().await;
     env.execute().await;
+    env.exec_user().await;
     env.ordered_output().await;
     env.cancel().await;
     env.facade_kill().await;
@@ -789,6 +790,41 @@ workspace = "ws-a"
         assert_eq!(out.stdout, "capabilities-ok\n", "[{}]", self.case);
         assert_eq!(exit["code"], 7, "[{}] {exit}", self.case);
         assert_eq!(exit["reason"], "exited", "[{}] {exit}", self.case);
+    }
+
+    /// `user` on an exec is never ignored: a hosted kind runs commands as its provider's own
+    /// user and refuses any choice (501, nothing reaches the fake); the local pool, which
+    /// declares only its default user here, refuses another name (400, naming `user`) and
+    /// runs a command that names its default user.
+    async fn exec_user(&self) {
+        let before = self.fake.effects(&self.instance);
+        let exec_as = |user: &'static str| {
+            self.http
+                .post(self.url("/exec"))
+                .bearer_auth(API_TOKEN)
+                .json(&json!({"argv": ["id", "-u"], "user": user}))
+                .send()
+        };
+        let r = exec_as("root").await.unwrap();
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.unwrap();
+        if self.hosted {
+            self.assert_unsupported("exec as root", status, &body, &before);
+            return;
+        }
+        assert_eq!(status, 400, "[{}] exec as root: {body:#}", self.case);
+        assert_eq!(body["error"]["code"], "invalid_request", "{body:#}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("\"root\" is not declared")
+                && message
+                    .ends_with("declares: user ([local.users] in the gateway's configuration)"),
+            "{body:#}"
+        );
+        let r = exec_as("user").await.unwrap();
+        assert_eq!(r.status(), 200, "[{}] exec as user", self.case);
+        let text = r.text().await.unwrap();
+        assert!(text.contains("65534"), "[{}] {text}", self.case);
     }
 
     async fn ordered_output(&self) {

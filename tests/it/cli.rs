@@ -673,8 +673,11 @@ fn sandbox_exec_streams_output_and_exits_with_the_commands_code() {
     }
     let dir = tempfile::tempdir().unwrap();
     let token = "cli-exec-token-0123456789";
+    // `on_shutdown = "stop"`: the end checks that a graceful stop removes a running sandbox
+    // (the default, "keep", is `local_restart`'s).
     let config = format!(
-        "{}[[api.tokens]]\ntoken = {token:?}\nprincipal = \"cli\"\nworkspace = \"ws\"\n",
+        "{}[[api.tokens]]\ntoken = {token:?}\nprincipal = \"cli\"\nworkspace = \"ws\"\n\
+         [local]\non_shutdown = \"stop\"\n",
         base_config(dir.path())
     );
     let running = serve(dir.path(), &config, &[]);
@@ -778,7 +781,8 @@ fn sandbox_exec_streams_output_and_exits_with_the_commands_code() {
     let out = cli(&["sandbox", "delete", id], None);
     assert!(out.status.success());
 
-    // A sandbox still running when the gateway stops (SIGTERM) is removed with it.
+    // With on_shutdown = "stop", a sandbox still running when the gateway stops (SIGTERM) is
+    // removed with it.
     let created = cli(&["sandbox", "create"], None);
     let sandbox: serde_json::Value = serde_json::from_slice(&created.stdout).unwrap();
     let instance = sandbox["placement"]["instance_id"].as_str().unwrap();

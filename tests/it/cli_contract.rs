@@ -609,11 +609,6 @@ fn completions_for_every_shell_and_bash_loads_them() {
 async fn bash_completes_sandbox_ids_from_the_gateway() {
     let gw = gateway().await;
     let id = cli(&gw, &["sandbox", "create", "-q"]).await.stdout;
-    let bin_dir = std::path::Path::new(BIN)
-        .parent()
-        .unwrap()
-        .display()
-        .to_string();
     let script =
         "source <(sandgate completions bash) && COMP_WORDS=(sandgate sandbox get '') && COMP_CWORD=3 \
          && _sandgate_with_ids sandgate '' get && printf '%s\\n' \"${COMPREPLY[@]}\" \
@@ -621,10 +616,7 @@ async fn bash_completes_sandbox_ids_from_the_gateway() {
     let url = gw.api("");
     let out = tokio::process::Command::new("bash")
         .args(["-c", script])
-        .env(
-            "PATH",
-            format!("{bin_dir}:{}", std::env::var("PATH").unwrap()),
-        )
+        .env("PATH", path_with_sandgate())
         .env("SANDGATE_URL", &url)
         .env("SANDGATE_TOKEN", TOKEN)
         .output()
@@ -641,6 +633,37 @@ async fn bash_completes_sandbox_ids_from_the_gateway() {
         format!("{id}list\n"),
         "the id, then clap's own completion"
     );
+}
+
+/// Zsh completes `sandgate sandbox get <TAB>` with the gateway's sandbox ids: the script is
+/// loaded under compinit as a user's `.zshrc` would, and `_sandgate` is called with the
+/// words of that command line (`compadd`, a builtin only inside a completion widget, is a
+/// function here that prints what it is given).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zsh_completes_sandbox_ids_from_the_gateway() {
+    let Some(zsh) = which("zsh") else {
+        assert!(!in_ci(), "zsh is missing: .ci/run installs it");
+        eprintln!("SKIPPED zsh_completes_sandbox_ids_from_the_gateway: no zsh");
+        return;
+    };
+    let gw = gateway().await;
+    let id = cli(&gw, &["sandbox", "create", "-q"]).await.stdout;
+    let script = "autoload -U compinit && compinit -u -D && source <(sandgate completions zsh) \
+         && compadd() { print -rl -- \"${@[2,-1]}\"; } \
+         && words=(sandgate sandbox get '') && CURRENT=4 && _sandgate \
+         && whence -w _sandgate_clap";
+    let out = tokio::process::Command::new(zsh)
+        .args(["-f", "-c", script])
+        .env("PATH", path_with_sandgate())
+        .env("SANDGATE_URL", gw.api(""))
+        .env("SANDGATE_TOKEN", TOKEN)
+        .output()
+        .await
+        .expect("zsh runs");
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}{err}");
+    assert_eq!(said, format!("{id}_sandgate_clap: function\n"), "{err}");
 }
 
 #[test]

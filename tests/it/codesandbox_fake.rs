@@ -303,6 +303,7 @@ async fn the_adapter_round_trips_the_lifecycle() {
                 env: BTreeMap::new(),
                 cwd: None,
                 timeout: None,
+                user: None,
             },
         )
         .await

@@ -906,6 +906,7 @@ async fn adapter_creates_a_locked_down_sandbox_and_operates_it() {
             env: BTreeMap::from([("EXTRA".to_string(), "x".to_string())]),
             cwd: Some("/home/daytona/.sandgate".into()),
             timeout: None,
+            user: None,
         },
     )
     .await;

@@ -375,6 +375,23 @@ async fn creates_fail_over_from_a_simulated_pool_to_the_local_one() {
         "{sandbox:#}"
     );
     assert_eq!(sandbox["placement"]["pool"], "local", "{sandbox:#}");
+
+    // A configured local pool declares this machine's facts as the default one does: the
+    // seccomp filter on its isolation mode and its users; the simulated pool neither.
+    let pools = env.gw.api_json("/v1/pools", API_TOKEN).await;
+    let pool = |name: &str| {
+        pools["pools"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["pool"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("{pools:#}"))
+    };
+    let (local, sim) = (pool("local"), pool("a-sim"));
+    assert_eq!(local["isolation"][0]["kind"], "namespace", "{local:#}");
+    assert_eq!(local["isolation"][0]["seccomp"], "enforced", "{local:#}");
+    assert_eq!(local["labels"]["sandgate.users"], "user", "{local:#}");
+    assert!(sim["labels"].get("sandgate.users").is_none(), "{sim:#}");
+    assert_eq!(sim["isolation"][0]["kind"], "microvm", "{sim:#}");
 }
 
 /// The last release before 2.51, which still creates through `POST /sandboxes` (installed

@@ -318,6 +318,7 @@ async fn freestyle_exec_files_lifecycle_snapshot_list_and_delete() {
             env: BTreeMap::from([("GREETING".to_string(), "it's here".to_string())]),
             cwd: Some("/root".into()),
             timeout: None,
+            user: None,
         },
     )
     .await;

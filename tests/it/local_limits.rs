@@ -292,6 +292,18 @@ async fn a_default_sandbox_reports_the_defaults_and_creates_stay_within_the_maxi
         let (status, body) = env.create(json!({"resources": {"memory_mb": 4096}})).await;
         assert_eq!(status, 422, "{body:#}");
     }
+    // The process limit too, per create: read back from the kernel; above [local.max] (4096
+    // by default) the default pool cannot offer it.
+    if !unenforced.iter().any(|u| u == "pids") {
+        let (status, body) = env.create(json!({"resources": {"pids": 100}})).await;
+        assert_eq!(status, 201, "{body:#}");
+        let id = body["id"].as_str().unwrap();
+        assert_eq!(env.view(id).await["limits"]["enforced"]["pids"], 100);
+        let (status, body) = env.create(json!({"resources": {"pids": 5000}})).await;
+        assert_eq!(status, 422, "{body:#}");
+        let unmet = body.to_string();
+        assert!(unmet.contains("resources.pids"), "{body:#}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,6 +59,8 @@ dir = "{dir}/sandboxes"
 snapshot_dir = "{dir}/snapshots"
 netns_prefix = "sgl-"
 cgroup = "sandgate-ltest"
+[local.users]
+root = {{ uid = 0, gid = 0 }}
 "#,
         secret = secret_file.display().to_string(),
         port = origin.port(),
@@ -1333,4 +1335,74 @@ async fn network_cidrs_are_enforced_on_ip_literals_and_resolved_addresses() {
             .all(|r| r["code"] == "destination_forbidden"),
         "{metadata:#?}"
     );
+}
+
+/// `user` on an exec: the default user is the unprivileged one, a user the pool declares
+/// (`[local.users] root` here, listed in the pool's `sandgate.users` label) is really that
+/// uid inside, an undeclared or malformed name is refused naming what is declared, and the
+/// action policy narrows it per workspace (`exec_users`) before anything runs.
+#[tokio::test]
+async fn exec_runs_as_a_declared_user_refuses_others_and_policy_narrows_it() {
+    let data = json!({"sandgate": {"workspaces": {"ws-b": {"exec_users": ["user"]}}}});
+    let Some(env) = start("users", vec![("data.json", data.to_string())]).await else {
+        return;
+    };
+    let pools = env.gw.api_json("/v1/pools", TOKEN_A).await;
+    let local = pools["pools"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["pool"] == "local"))
+        .unwrap_or_else(|| panic!("{pools:#}"));
+    assert_eq!(local["labels"]["sandgate.users"], "root,user", "{local:#}");
+
+    let id = env.create(TOKEN_A, json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let id_u = |user: Value| json!({"argv": ["id", "-u"], "user": user, "timeout_ms": 30000});
+    for (user, uid) in [
+        (Value::Null, "65534"),
+        (json!("user"), "65534"),
+        (json!("root"), "0"),
+    ] {
+        let r = env.exec_request(TOKEN_A, &id, id_u(user.clone())).await;
+        assert_eq!(r.status(), 200, "{user}");
+        let text = r.text().await.unwrap();
+        let out: String = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|e| e["type"] == "stdout")
+            .map(|e| e["text"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(out.trim(), uid, "{user}: {text}");
+    }
+    for (user, needle) in [
+        (
+            "admin",
+            "\"admin\" is not declared by this local pool; it declares: root, user",
+        ),
+        ("Bad Name", "`user` must be a user name"),
+    ] {
+        let r = env.exec_request(TOKEN_A, &id, id_u(json!(user))).await;
+        assert_eq!(r.status(), 400, "{user}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "invalid_request", "{body:#}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{body:#}");
+    }
+
+    // ws-b may only run commands as `user`: root is refused by policy, the default is not.
+    let other = env.create(TOKEN_B, json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = env.exec_request(TOKEN_B, &other, id_u(json!("root"))).await;
+    assert_eq!(r.status(), 403);
+    let body: Value = r.json().await.unwrap();
+    let reasons = body["error"]["details"]["reasons"].to_string();
+    assert!(
+        reasons.contains("may not run as root in workspace ws-b"),
+        "{body:#}"
+    );
+    let r = env.exec_request(TOKEN_B, &other, id_u(Value::Null)).await;
+    assert_eq!(r.status(), 200);
 }

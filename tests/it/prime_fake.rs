@@ -491,6 +491,7 @@ async fn exec_files_list_and_delete() {
             env: BTreeMap::from([("GREETING".to_string(), "hi $there".to_string())]),
             cwd: Some("/root".into()),
             timeout: None,
+            user: None,
         },
     )
     .await;

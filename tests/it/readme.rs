@@ -4,9 +4,18 @@
 //! listeners moved to free ports with `--listen`/`--api-listen`; `SANDGATE_URL` names the
 //! API, the token is the local admin token the gateway wrote there). Needs root (local
 //! sandboxes).
+//!
+//! CI has no network, so one thing is added to the embedded defaults: a stand-in for
+//! `api.github.com`, a local HTTPS origin on `127.0.99.1:443` with a certificate from a test
+//! CA. The gateway's config maps the name there (`[dns.hosts]`), trusts that CA
+//! (`[tls] upstream_ca_files`) and lets the proxy dial that one loopback address
+//! (`[egress] allow_private`); nothing else differs. The origin answers `/user` with a login
+//! only when it receives the real token, which the sandbox never holds.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -34,8 +43,8 @@ fn blocks(readme: &str, group: &str) -> Vec<String> {
     out
 }
 
-/// `sandgate serve` in `dir` on free ports; the child and the API's URL.
-fn serve(dir: &std::path::Path) -> (std::process::Child, String) {
+/// `sandgate serve` in `dir` on free ports with `config`; the child and the API's URL.
+fn serve(dir: &std::path::Path, config: &std::path::Path) -> (std::process::Child, String) {
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -45,7 +54,7 @@ fn serve(dir: &std::path::Path) -> (std::process::Child, String) {
             "127.0.0.1:0",
         ])
         .current_dir(dir)
-        .env_remove("SANDGATE_CONFIG")
+        .env("SANDGATE_CONFIG", config)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -78,21 +87,27 @@ fn the_quickstart_blocks_run_against_a_real_gateway() {
         quickstart.len() >= 3,
         "the Quickstart's tested blocks: {quickstart:?}"
     );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let ca = TestCa::new();
+    let github = runtime.block_on(fake_github(&ca));
     let dir = tempfile::tempdir().unwrap();
-    let (mut gateway, api) = serve(dir.path());
-    let bin_dir = std::path::Path::new(BIN)
-        .parent()
-        .unwrap()
-        .display()
-        .to_string();
+    let config = dir.path().join("stand-in.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[dns.hosts]\n\"api.github.com\" = \"{GITHUB_IP}\"\n\
+             [egress]\nallow_private = [\"{GITHUB_IP}/32\"]\n\
+             [tls]\nupstream_ca_files = [{:?}]\n",
+            ca.pem_path.display().to_string()
+        ),
+    )
+    .unwrap();
+    let (mut gateway, api) = serve(dir.path(), &config);
     let script = format!("set -euo pipefail\n{}\n", quickstart.join("\n"));
     let out = Command::new("bash")
         .args(["-c", &script])
         .current_dir(dir.path())
-        .env(
-            "PATH",
-            format!("{bin_dir}:{}", std::env::var("PATH").unwrap()),
-        )
+        .env("PATH", path_with_sandgate())
         .env("SANDGATE_URL", &api)
         .env_remove("SANDGATE_TOKEN")
         .env("GITHUB_TOKEN", "ghp_readme_test_0123456789")
@@ -114,4 +129,42 @@ fn the_quickstart_blocks_run_against_a_real_gateway() {
         "{stdout}"
     );
     assert!(!stdout.contains("ghp_readme_test") && !stderr.contains("ghp_readme_test"));
+    // The credential step: the origin got the real token, and the log line names it.
+    assert!(stdout.contains(r#""login":"readme-tester""#), "{stdout}");
+    assert_eq!(github.load(Ordering::SeqCst), 1, "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains(" egress allow GET api.github.com:443/user ")
+                && l.ends_with("credentials: github")),
+        "{stdout}"
+    );
+}
+
+/// Where the stand-in for api.github.com listens (all of 127/8 is loopback).
+const GITHUB_IP: &str = "127.0.99.1";
+
+/// The stand-in for `https://api.github.com/user`: the login for the real token, 401
+/// otherwise (never echoing what it got); counts the requests that carried the token.
+async fn fake_github(ca: &TestCa) -> Arc<AtomicUsize> {
+    let authorized: Arc<AtomicUsize> = Arc::default();
+    let counter = authorized.clone();
+    let router = axum::Router::new().route(
+        "/user",
+        axum::routing::get(move |headers: http::HeaderMap| {
+            let counter = counter.clone();
+            async move {
+                let token = headers.get("authorization").and_then(|v| v.to_str().ok());
+                if token != Some("Bearer ghp_readme_test_0123456789") {
+                    let body = r#"{"message":"Bad credentials"}"#;
+                    return (http::StatusCode::UNAUTHORIZED, body);
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                (http::StatusCode::OK, r#"{"login":"readme-tester"}"#)
+            }
+        }),
+    );
+    let tls = ca.server_config(&["api.github.com"]);
+    serve_router_at(&format!("{GITHUB_IP}:443"), router, tls).await;
+    authorized
 }

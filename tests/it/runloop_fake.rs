@@ -528,6 +528,7 @@ async fn exec_files_lifecycle_list_and_delete() {
             env: BTreeMap::from([("GREETING".to_string(), "hi $there".to_string())]),
             cwd: Some("/home/user".into()),
             timeout: None,
+            user: None,
         },
     )
     .await;

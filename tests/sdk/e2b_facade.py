@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from e2b import (
     AuthenticationException,
     CommandExitException,
+    InvalidArgumentException,
     NotFoundException,
     Sandbox,
     SandboxException,
@@ -80,6 +81,13 @@ def commands(sbx):
     check(sbx.commands.kill(background.pid) is False, "kill after the end: not found")
 
     raises(TimeoutException, lambda: sbx.commands.run("sleep 10", timeout=1), "a command past its timeout")
+
+    # `user`: E2B's default user is the pool's default user; one the pool does not declare
+    # is refused with the reason, never ignored (the command would run as someone else).
+    me = sbx.commands.run("id -u", user="user")
+    check(me.stdout == "65534\n", f"user='user' runs as the default user: {me.stdout!r}")
+    root = raises(InvalidArgumentException, lambda: sbx.commands.run("id -u", user="root"), "user='root' undeclared")
+    check('"root" is not declared' in str(root), f"the refusal names the user: {root}")
 
 
 def files(sbx):

@@ -109,6 +109,7 @@ fn topology(rng: &mut Rng) -> Topology {
                     cpu: Some([2.0, 4.0, 8.0, 16.0][rng.below(4)]),
                     memory_mb: Some([2048, 4096, 8192, 32768][rng.below(4)]),
                     disk_gb: Some(100),
+                    pids: None,
                     gpu: None,
                     gpu_types: vec![],
                 },

@@ -446,6 +446,9 @@ pub struct PoolResources {
     pub cpu: Option<f64>,
     pub memory_mb: Option<u64>,
     pub disk_gb: Option<u64>,
+    /// Most processes and threads a sandbox may be given at once.
+    #[serde(default)]
+    pub pids: Option<u64>,
     pub gpu: Option<u32>,
     #[serde(default)]
     pub gpu_types: Vec<String>,
@@ -717,6 +720,7 @@ pub(crate) struct Hot {
     pub cpu: f64,
     pub memory_mb: u64,
     pub disk_gb: u64,
+    pub pids: u64,
 }
 
 fn mask_of(c: &Capabilities) -> u32 {
@@ -1102,6 +1106,7 @@ impl Topology {
                     cpu: p.resources.cpu.unwrap_or(-1.0),
                     memory_mb: p.resources.memory_mb.unwrap_or(0),
                     disk_gb: p.resources.disk_gb.unwrap_or(0),
+                    pids: p.resources.pids.unwrap_or(0),
                 }
             })
             .collect();

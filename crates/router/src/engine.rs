@@ -598,6 +598,7 @@ impl<'a> Plan<'a> {
         if res.cpu.is_some_and(|c| c > 0.0 && c > h.cpu)
             || res.memory_mb.is_some_and(|m| m > h.memory_mb)
             || res.disk_gb.is_some_and(|d| d > h.disk_gb)
+            || res.pids.is_some_and(|n| n > h.pids)
         {
             return false;
         }
@@ -709,6 +710,11 @@ impl<'a> Plan<'a> {
         if let Some(d) = res.disk_gb {
             if d > 0 && lim.disk_gb.is_none_or(|l| d > l) {
                 unmet!(Unmet::Path("resources.disk_gb"));
+            }
+        }
+        if let Some(n) = res.pids {
+            if n > 0 && lim.pids.is_none_or(|l| n > l) {
+                unmet!(Unmet::Path("resources.pids"));
             }
         }
         let gpus = res.gpu.unwrap_or(0).max(u32::from(res.gpu_type.is_some()));

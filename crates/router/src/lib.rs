@@ -18,7 +18,7 @@
 //!
 //! **Hard requirements** filter; a preference never relaxes one. Unmet requirements are reported
 //! as the request's own field paths:
-//! `source.environment|image|template`, `resources.cpu|memory_mb|disk_gb|gpu|gpu_type`,
+//! `source.environment|image|template`, `resources.cpu|memory_mb|disk_gb|pids|gpu|gpu_type`,
 //! `features.isolation` (one complete mode of the pool must carry every requested property),
 //! `features.process.*`, `features.filesystem.*`, `features.public_ports`,
 //! `features.pause_resume`, `features.pty`, `network.allow_domains|deny_all|cidrs` (only pools

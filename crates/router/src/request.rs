@@ -61,6 +61,10 @@ pub struct Resources {
     pub memory_mb: Option<u64>,
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 65536))]
     pub disk_gb: Option<u64>,
+    /// Processes and threads alive at once (a pool that does not declare a limit cannot
+    /// satisfy it).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4194304))]
+    pub pids: Option<u64>,
     #[cfg_attr(feature = "openapi", schema(maximum = 64))]
     pub gpu: Option<u32>,
     #[cfg_attr(feature = "openapi", schema(value_type = Option<openapi::Name>))]
@@ -609,6 +613,8 @@ pub const MAX_CPU: f64 = 1024.0;
 pub const MAX_MEMORY_MB: u64 = 16 * 1024 * 1024;
 /// Most disk a request may ask for (64 TiB).
 pub const MAX_DISK_GB: u64 = 64 * 1024;
+/// Linux's own ceiling on process ids (`pid_max`).
+pub const MAX_PIDS: u64 = 4 * 1024 * 1024;
 /// Most GPUs a request may ask for.
 pub const MAX_GPU: u32 = 64;
 /// Largest weight or `max_skew`.
@@ -847,6 +853,11 @@ impl Resources {
                 return c.fail("disk_gb", format!("must be between 1 and {MAX_DISK_GB}"));
             }
         }
+        if let Some(n) = self.pids {
+            if n == 0 || n > MAX_PIDS {
+                return c.fail("pids", format!("must be between 1 and {MAX_PIDS}"));
+            }
+        }
         if let Some(g) = self.gpu {
             if g > MAX_GPU {
                 return c.fail("gpu", format!("must be between 0 and {MAX_GPU}"));
@@ -993,6 +1004,10 @@ mod tests {
             "resources.disk_gb"
         );
         assert_eq!(
+            field(serde_json::json!({"resources": {"pids": 0}})),
+            "resources.pids"
+        );
+        assert_eq!(
             field(serde_json::json!({"resources": {"gpu": 65}})),
             "resources.gpu"
         );
@@ -1086,6 +1101,7 @@ mod tests {
         for (field, max) in [
             ("memory_mb", MAX_MEMORY_MB),
             ("disk_gb", MAX_DISK_GB),
+            ("pids", MAX_PIDS),
             ("gpu", u64::from(MAX_GPU)),
         ] {
             let min = if field == "gpu" { 0.0 } else { 1.0 };

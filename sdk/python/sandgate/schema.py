@@ -389,6 +389,10 @@ class ExecBody(_ExecBodyRequired, total=False):
     stdin: bool
     #: Kill the command's process tree after this many milliseconds (1 to 86400000).
     timeout_ms: Optional[int]
+    #: Run as this user, one the sandbox's pool declares (a local pool's are in its
+    #: `sandgate.users` label; default: the pool's default user). An undeclared user is
+    #: 400 `invalid_request`; a provider that cannot choose the user answers 501.
+    user: Optional[str]
 
 
 class _ExplanationRequired(TypedDict):
@@ -677,6 +681,10 @@ class _PoolViewRequired(TypedDict):
     #: The complete isolation modes the pool offers (`{"kind": "microvm", ...}`); empty
     #: means unknown, which never satisfies `features.isolation`.
     isolation: List[Dict[str, Any]]
+    #: The pool's labels, as `placement.labels` matches them: the configured ones, and on
+    #: the default local pool what sandgate declares of this machine
+    #: (`sandgate.unenforced_limits`, `sandgate.users`).
+    labels: Dict[str, str]
     #: Sandboxes placed on the pool now (running, paused or stopped).
     live: int
     pool: str
@@ -755,6 +763,9 @@ class Resources(TypedDict, total=False):
     gpu: Optional[int]
     gpu_type: Optional["Name"]
     memory_mb: Optional[int]
+    #: Processes and threads alive at once (a pool that does not declare a limit cannot
+    #: satisfy it).
+    pids: Optional[int]
 
 
 class RetryRecord(TypedDict):

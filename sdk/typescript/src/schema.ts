@@ -483,6 +483,12 @@ export interface ExecBody {
    * Kill the command's process tree after this many milliseconds (1 to 86400000).
    */
   timeout_ms?: number | null;
+  /**
+   * Run as this user, one the sandbox's pool declares (a local pool's are in its
+   * `sandgate.users` label; default: the pool's default user). An undeclared user is
+   * 400 `invalid_request`; a provider that cannot choose the user answers 501.
+   */
+  user?: string | null;
 }
 
 /**
@@ -858,6 +864,12 @@ export interface PoolView {
    */
   isolation: Array<Record<string, unknown>>;
   /**
+   * The pool's labels, as `placement.labels` matches them: the configured ones, and on
+   * the default local pool what sandgate declares of this machine
+   * (`sandgate.unenforced_limits`, `sandgate.users`).
+   */
+  labels: Record<string, string>;
+  /**
    * Sandboxes placed on the pool now (running, paused or stopped).
    */
   live: number;
@@ -950,6 +962,11 @@ export interface Resources {
   gpu?: number | null;
   gpu_type?: null | Name;
   memory_mb?: number | null;
+  /**
+   * Processes and threads alive at once (a pool that does not declare a limit cannot
+   * satisfy it).
+   */
+  pids?: number | null;
 }
 
 /**

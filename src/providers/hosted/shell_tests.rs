@@ -36,6 +36,7 @@ fn command_lines() {
         env: BTreeMap::from([("A_B".to_string(), "x y".to_string())]),
         cwd: Some("/home/user/w s".into()),
         timeout: None,
+        user: None,
     };
     assert_eq!(
         command_line(&spec).unwrap(),

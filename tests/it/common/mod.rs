@@ -331,11 +331,19 @@ async fn origin_handle(
         .unwrap()
 }
 
-/// A TCP echo server (for opaque tunnels).
 /// Serves `router` over TLS on an ephemeral loopback port (the token endpoint fakes).
 pub async fn serve_router(router: axum::Router, tls: Arc<rustls::ServerConfig>) -> SocketAddr {
+    serve_router_at("127.0.0.1:0", router, tls).await
+}
+
+/// [`serve_router`] on a given address (a fixed port, another loopback address).
+pub async fn serve_router_at(
+    addr: &str,
+    router: axum::Router,
+    tls: Arc<rustls::ServerConfig>,
+) -> SocketAddr {
     use tower_service::Service as _;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = TcpListener::bind(addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
@@ -360,6 +368,7 @@ pub async fn serve_router(router: axum::Router, tls: Arc<rustls::ServerConfig>) 
     addr
 }
 
+/// A TCP echo server (for opaque tunnels).
 pub async fn start_tcp_echo() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -975,6 +984,14 @@ impl Drop for ChildGuard {
 }
 
 /// A script in `tests/fixtures`.
+/// `PATH` with the directory of the `sandgate` binary under test first, for scripts that
+/// run `sandgate` by name (completion scripts, the README's blocks).
+pub fn path_with_sandgate() -> String {
+    let bin = Path::new(env!("CARGO_BIN_EXE_sandgate"));
+    let dir = bin.parent().unwrap().display();
+    format!("{dir}:{}", std::env::var("PATH").unwrap_or_default())
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")

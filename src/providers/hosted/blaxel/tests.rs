@@ -189,6 +189,7 @@ fn process_bodies() {
         env: BTreeMap::from([("A".to_string(), "x y".to_string())]),
         cwd: Some("/home/user".into()),
         timeout: None,
+        user: None,
     };
     let body = process_body(&spec, "sandgate-1").unwrap();
     assert_eq!(body["command"], "sh -c 'echo $A; exit 2'");

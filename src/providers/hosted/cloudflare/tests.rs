@@ -168,6 +168,7 @@ fn exec_bodies() {
         env: BTreeMap::from([("A".to_string(), "x y".to_string())]),
         cwd: Some("/tmp".into()),
         timeout: Some(Duration::from_secs(2)),
+        user: None,
     };
     assert_eq!(
         exec_body(&spec).unwrap(),

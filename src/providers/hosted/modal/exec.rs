@@ -54,6 +54,10 @@ fn not_running(id: &str) -> OpError {
 struct Started {
     router: Router,
     exec_id: String,
+    /// When `TaskExecStart` was sent: the router's timeout clock starts after it, so a
+    /// command it killed at its timeout has always run `timeout` by this clock (a clock
+    /// started on the answer runs behind by the round trip and calls some timeouts exits).
+    sent: Instant,
 }
 
 impl Modal {
@@ -155,6 +159,7 @@ impl Modal {
             ));
         }
         let exec_id = uuid_v4();
+        let sent = Instant::now();
         let (_, router): (proto::TaskExecStartResponse, _) = self
             .routed(id, proto::router::TASK_EXEC_START, |router| {
                 proto::TaskExecStartRequest {
@@ -181,7 +186,11 @@ impl Modal {
                 }
             })
             .await?;
-        Ok(Started { router, exec_id })
+        Ok(Started {
+            router,
+            exec_id,
+            sent,
+        })
     }
 
     /// `TaskExecStdinWrite` of `data` in pieces, then end of file.
@@ -417,7 +426,6 @@ async fn follow(
     timeout: Option<Duration>,
     cancelled: std::sync::Arc<Notify>,
 ) {
-    let begun = Instant::now();
     let output = async {
         // A full channel holds the reader back (nothing is dropped); a closed one stops it.
         let out = read_stream(&started, proto::StdioFileDescriptor::Stdout, |data| {
@@ -444,7 +452,7 @@ async fn follow(
         exit = output => match exit {
             Ok(mut info) => {
                 // The router ends a command at its timeout with a signal.
-                if info.signal.is_some() && timeout.is_some_and(|t| begun.elapsed() >= t) {
+                if info.signal.is_some() && timeout.is_some_and(|t| started.sent.elapsed() >= t) {
                     info.reason = ExitReason::TimedOut;
                 }
                 info
