@@ -1,11 +1,13 @@
 # Bundled action policy (layer `sandgate.action`): may this principal perform this operation
-# inside this sandbox? Evaluated for every exec, file read/write/list/delete/mkdir, port and
-# credential use, with the caller's authority at that moment.
+# inside this sandbox? Evaluated for every exec, terminal session (`pty`), input to a running
+# command (`stdin`), file read/write/list/delete/mkdir, port and credential use, with the
+# caller's authority at that moment.
 #
 # - A principal acts on sandboxes of its own workspace; a platform `admin` on any.
 # - A workspace may forbid operations with data at
-#   `data.sandgate.workspaces[<ws>].blocked_operations` (e.g. ["files.write"]).
-# - Commands can be refused by program name with
+#   `data.sandgate.workspaces[<ws>].blocked_operations` (e.g. ["files.write"], or ["pty"] to
+#   allow commands but no interactive shell).
+# - Commands and terminal sessions can be refused by program name with
 #   `data.sandgate.workspaces[<ws>].blocked_programs` (matched against argv[0]'s basename).
 # - A workspace may restrict who its commands run as with
 #   `data.sandgate.workspaces[<ws>].exec_users` (e.g. ["user"]: never `root`, even where the
@@ -42,7 +44,7 @@ deny contains msg if {
 }
 
 deny contains msg if {
-	input.operation == "exec"
+	input.operation in {"exec", "pty"}
 	# The basename: split instead of regex.replace, which compiles its pattern on every
 	# evaluation (about 40x the cost of the rest of this layer, benches/policy.rs).
 	some given in exec_programs

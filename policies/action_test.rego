@@ -55,6 +55,32 @@ test_blocked_program_denied_on_a_logged_record if {
 		with data.sandgate.workspaces as {"ws-a": {"blocked_programs": ["curl"]}}
 }
 
+test_pty_blocked_while_exec_is_allowed if {
+	blocked := {"ws-a": {"blocked_operations": ["pty"]}}
+	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "exec")
+		with data.sandgate.workspaces as blocked
+	action.deny == {"operation pty is blocked in workspace ws-a"} with input as act("ws-a", [], "ws-a", "pty")
+		with data.sandgate.workspaces as blocked
+	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "stdin")
+		with data.sandgate.workspaces as blocked
+}
+
+test_blocked_program_refuses_its_terminal_session_too if {
+	shell := object.union(act("ws-a", [], "ws-a", "pty"), {"exec": {"argv": ["/bin/bash"], "cwd": null}})
+	action.deny == {"program bash is blocked in workspace ws-a"} with input as shell
+		with data.sandgate.workspaces as {"ws-a": {"blocked_programs": ["bash"]}}
+	count(action.deny) == 0 with input as shell
+		with data.sandgate.workspaces as {"ws-a": {"blocked_programs": ["curl"]}}
+}
+
+test_stdin_blocked_alone if {
+	blocked := {"ws-a": {"blocked_operations": ["stdin"]}}
+	count(action.deny) == 1 with input as act("ws-a", [], "ws-a", "stdin")
+		with data.sandgate.workspaces as blocked
+	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "exec")
+		with data.sandgate.workspaces as blocked
+}
+
 test_exec_users_restricts_who_commands_run_as if {
 	as_root := object.union(act("ws-a", [], "ws-a", "exec"), {"exec": {"argv": ["id"], "user": "root"}})
 	as_default := object.union(act("ws-a", [], "ws-a", "exec"), {"exec": {"argv": ["id"], "user": null}})

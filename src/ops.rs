@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-pub use crate::localbox::{EntryKind, ExecEvent, ExitInfo, ExitReason, Usage};
+pub use crate::localbox::{EntryKind, ExecEvent, ExecInput, ExitInfo, ExitReason, Usage, WinSize};
 
 /// A portable user name (POSIX's, lower case): what a pool may declare and a caller ask for.
 pub fn user_name(name: &str) -> bool {
@@ -101,6 +101,32 @@ impl ExecStream {
         });
         ExecStream { events: rx, cancel }
     }
+}
+
+/// How an interactive command takes its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputMode {
+    /// On a pseudo-terminal of this size (operation `pty`).
+    Terminal(WinSize),
+    /// Through a pipe on its standard input (an exec with `stdin`).
+    Stdin,
+}
+
+impl InputMode {
+    /// The operation an adapter that cannot do this names in its `unsupported` answer.
+    pub fn operation(self) -> &'static str {
+        match self {
+            InputMode::Terminal(_) => "pty",
+            InputMode::Stdin => "exec.stdin",
+        }
+    }
+}
+
+/// A running interactive command: its output, exactly as an [`ExecStream`], and its input.
+/// Dropping `input` stops input only; dropping the stream still kills the command.
+pub struct InteractiveStream {
+    pub stream: ExecStream,
+    pub input: mpsc::Sender<ExecInput>,
 }
 
 impl std::fmt::Debug for ExecStream {

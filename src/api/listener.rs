@@ -154,7 +154,8 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, app: Router, limi
             })
         }
     });
-    let conn = builder.serve_connection(io, service);
+    // With upgrades: a terminal session (`/v1/sandboxes/{id}/pty`) takes the connection over.
+    let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::select! {
         result = conn => {
             if let Err(e) = result {

@@ -19,6 +19,7 @@ pub mod identities;
 pub mod listener;
 pub mod policies;
 pub mod pools;
+pub mod pty;
 pub mod request_id;
 pub mod routes;
 pub mod sandbox_ops;
@@ -73,6 +74,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(pools::routes())
         .merge(sandboxes::routes())
         .merge(sandbox_ops::routes())
+        .merge(pty::routes())
         .merge(delegations::routes())
         .merge(events::routes())
         .merge(decisions::routes())

@@ -7,7 +7,9 @@
 //! `{"type":"started","exec_id":...}`, then `{"type":"stdout"|"stderr","text":...}` (or
 //! `"base64"` when a chunk is not valid UTF-8), then `{"type":"exit","code","signal",
 //! "reason"}` (`exited`, `timed_out`, `cancelled`). Closing the connection kills the
-//! command's process tree, as does `POST .../exec/{exec_id}/cancel`.
+//! command's process tree, as does `POST .../exec/{exec_id}/cancel`. An exec started with
+//! `"stdin": true` reads what `POST .../exec/{exec_id}/stdin` sends (see [`super::pty`],
+//! which also serves terminal sessions).
 //!
 //! Files: `GET|PUT /v1/sandboxes/{id}/files/content?path=` read and write raw bytes;
 //! `GET /v1/sandboxes/{id}/files?path=` lists a directory; `DELETE` with `recursive`
@@ -25,6 +27,7 @@ use axum::{Json, Router};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
 
 use super::auth::{ActionCaller, Principal};
 use super::body::{JsonBody, RawBody};
@@ -34,10 +37,11 @@ use crate::error::{Error, Kind};
 use crate::operations::authorize::not_found;
 use crate::operations::commands::{start_command, ExecRequest};
 use crate::operations::files::{file_action, MAX_FILE_BYTES};
+use crate::operations::interactive::start_interactive;
 use crate::operations::lifecycle::{lifecycle, set_lifetime};
 use crate::operations::snapshots::{take_snapshot, SnapshotRequest};
-use crate::providers::ops::{ExecEvent, ExitReason, Lifecycle};
-use crate::providers::{OpError, Provider};
+use crate::providers::ops::{ExecEvent, ExecInput, ExitInfo, ExitReason, Lifecycle};
+use crate::providers::{InputMode, OpError, Provider};
 
 pub fn routes() -> Router<ApiState> {
     Router::new()
@@ -72,21 +76,38 @@ pub struct ExecRegistry {
     running: Mutex<HashMap<String, RunningExec>>,
 }
 
-struct RunningExec {
-    sandbox_id: String,
-    cancel: Arc<dyn Fn() + Send + Sync>,
+pub(super) struct RunningExec {
+    pub sandbox_id: String,
+    pub cancel: Arc<dyn Fn() + Send + Sync>,
+    /// The command's input, when it was started with `stdin` or on a terminal.
+    pub input: Option<mpsc::Sender<ExecInput>>,
 }
 
 impl ExecRegistry {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunningExec>> {
+    pub(super) fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunningExec>> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// Removes an exec from the registry when its response stream ends or is dropped.
-struct Registered {
+pub(super) struct Registered {
     registry: Arc<ExecRegistry>,
     exec_id: String,
+}
+
+impl Registered {
+    /// Registers a running command under `exec_id` until the returned value is dropped.
+    pub(super) fn insert(
+        registry: &Arc<ExecRegistry>,
+        exec_id: String,
+        running: RunningExec,
+    ) -> Registered {
+        registry.map().insert(exec_id.clone(), running);
+        Registered {
+            registry: registry.clone(),
+            exec_id,
+        }
+    }
 }
 
 impl Drop for Registered {
@@ -111,6 +132,10 @@ pub struct ExecBody {
     cwd: Option<String>,
     /// Kill the command's process tree after this many milliseconds (1 to 86400000).
     timeout_ms: Option<u64>,
+    /// Give the command a stdin pipe, fed with `POST .../exec/{exec_id}/stdin` (operation
+    /// `stdin`); without it stdin is empty (`/dev/null`).
+    #[serde(default)]
+    stdin: bool,
     /// Run as this user, one the sandbox's pool declares (a local pool's are in its
     /// `sandgate.users` label; default: the pool's default user). An undeclared user is
     /// 400 `invalid_request`; a provider that cannot choose the user answers 501.
@@ -152,7 +177,8 @@ pub async fn exec(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<ExecBody>,
 ) -> Response {
-    match start_exec(&state, &caller, &id, body.into()).await {
+    let stdin = body.stdin;
+    match start_exec(&state, &caller, &id, body.into(), stdin).await {
         Ok(response) => response,
         Err(e) => e.into_response(),
     }
@@ -165,21 +191,25 @@ async fn start_exec(
     caller: &Principal,
     id: &str,
     request: ExecRequest,
+    stdin: bool,
 ) -> Result<Response, Error> {
-    let stream = start_command(&state.ops, caller, id, request).await?;
+    let (stream, input) = if stdin {
+        let started = start_interactive(&state.ops, caller, id, request, InputMode::Stdin).await?;
+        (started.stream, Some(started.input))
+    } else {
+        (start_command(&state.ops, caller, id, request).await?, None)
+    };
     let exec_id = format!("ex-{}", crate::base::ids::random_hex(8));
-    state.execs.map().insert(
+    let registered = Registered::insert(
+        &state.execs,
         exec_id.clone(),
         RunningExec {
             sandbox_id: id.to_string(),
             cancel: stream.cancel.clone(),
+            input,
         },
     );
     tracing::info!(sandbox = %id, exec = %exec_id, principal = %caller.principal, "exec started");
-    let registered = Registered {
-        registry: state.execs.clone(),
-        exec_id: exec_id.clone(),
-    };
     let started = ndjson(&json!({"type": "started", "exec_id": exec_id}));
     let events = futures_util::stream::unfold(
         (stream.events, Some(registered), Some(started)),
@@ -195,16 +225,7 @@ async fn start_exec(
             let line = match event {
                 ExecEvent::Stdout(b) => chunk("stdout", &b),
                 ExecEvent::Stderr(b) => chunk("stderr", &b),
-                ExecEvent::Exit(exit) => ndjson(&json!({
-                    "type": "exit",
-                    "code": exit.code,
-                    "signal": exit.signal,
-                    "reason": match exit.reason {
-                        ExitReason::Exited => "exited",
-                        ExitReason::TimedOut => "timed_out",
-                        ExitReason::Cancelled => "cancelled",
-                    },
-                })),
+                ExecEvent::Exit(exit) => ndjson(&exit_json(&exit)),
             };
             Some((Ok(line), (events, registered, None)))
         },
@@ -215,6 +236,20 @@ async fn start_exec(
         .header(header::CACHE_CONTROL, "no-store")
         .body(Body::from_stream(events))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+}
+
+/// An exec's `exit` line (also a terminal session's last text frame).
+pub(super) fn exit_json(exit: &ExitInfo) -> Value {
+    json!({
+        "type": "exit",
+        "code": exit.code,
+        "signal": exit.signal,
+        "reason": match exit.reason {
+            ExitReason::Exited => "exited",
+            ExitReason::TimedOut => "timed_out",
+            ExitReason::Cancelled => "cancelled",
+        },
+    })
 }
 
 fn ndjson(value: &Value) -> Bytes {

@@ -11,8 +11,10 @@ use super::sandbox::reply;
 use super::{encode, run_client, GatewayArgs};
 
 /// What a delegation may allow (the API's list).
-const ACTIONS: [&str; 11] = [
+const ACTIONS: [&str; 13] = [
     "exec",
+    "pty",
+    "stdin",
     "files.read",
     "files.write",
     "files.list",

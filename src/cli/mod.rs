@@ -20,6 +20,7 @@ mod provider;
 pub mod replay;
 mod sandbox;
 mod shapes;
+mod shell;
 pub mod suggest;
 mod term;
 mod wait;

@@ -117,6 +117,30 @@ pub enum SandboxCommand {
         #[arg(last = true, required = true, value_name = "COMMAND")]
         argv: Vec<String>,
     },
+    /// Open an interactive shell (or COMMAND) in a sandbox on a terminal of its own, sized
+    /// and resized like this one; Ctrl-C goes to the command. sandgate exits with its exit
+    /// code (128+N when killed by signal N, 125 when the API refused or failed); this
+    /// terminal is restored on exit. Needs the `pty` action.
+    ///
+    /// Examples:
+    ///   sandgate sandbox shell sb-0123
+    ///   sandgate sandbox shell sb-0123 --cwd /tmp -- python3
+    #[command(verbatim_doc_comment)]
+    Shell {
+        /// The sandbox id.
+        id: String,
+        /// Working directory inside the sandbox [default: the sandbox's home].
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<String>,
+        /// Extra environment variable, `KEY=VALUE` (repeatable; `TERM` is this terminal's
+        /// unless given).
+        #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// The command and its arguments, after `--` [default: bash if the sandbox has it,
+        /// else sh].
+        #[arg(last = true, value_name = "COMMAND")]
+        argv: Vec<String>,
+    },
     /// Stop a sandbox: every process is killed, files stay.
     ///
     /// Example:
@@ -293,6 +317,9 @@ pub(super) async fn run(api: &Api, out: &OutputArgs, cmd: SandboxCommand) -> Res
                 argv,
             };
             return super::exec::exec(api, out, &id, options).await;
+        }
+        SandboxCommand::Shell { id, cwd, env, argv } => {
+            return super::shell::shell(api, out, &id, cwd, env, argv).await
         }
         SandboxCommand::Stop { id } => lifecycle(api, &id, "stop").await?,
         SandboxCommand::Start { id } => lifecycle(api, &id, "start").await?,

@@ -157,6 +157,12 @@ pub fn data_event(stdout: bool, data: &[u8]) -> Value {
     json!({"event": {"data": {field: encoded}}})
 }
 
+/// `{"event": {"data": {"pty": <base64>}}}`: a terminal's output.
+pub fn pty_event(data: &[u8]) -> Value {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(data);
+    json!({"event": {"data": {"pty": encoded}}})
+}
+
 /// `{"event": {"keepalive": {}}}`, sent when the stream has been quiet for the interval
 /// the client asked for (`Keepalive-Ping-Interval`).
 pub fn keepalive_event() -> Value {

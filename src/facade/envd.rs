@@ -452,6 +452,9 @@ async fn unary(
         ("process.Process", "SendSignal") => {
             super::process::send_signal(&state, &call, &request).await
         }
+        ("process.Process", "SendInput") => super::input::send(&state, &call, &request).await,
+        ("process.Process", "CloseStdin") => super::input::close(&state, &call, &request).await,
+        ("process.Process", "Update") => super::input::update(&state, &call, &request).await,
         _ => Err(RpcError::new(
             "unimplemented",
             format!(

@@ -23,6 +23,7 @@ mod call;
 pub mod control;
 pub mod envd;
 pub mod errors;
+mod input;
 pub mod process;
 
 use std::collections::{BTreeMap, HashMap};

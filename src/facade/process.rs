@@ -14,8 +14,11 @@
 //!   events from then on. `SendSignal` (`SIGKILL` or `SIGTERM`; sandgate kills the whole
 //!   process tree either way) and `Connect` are authorized as `exec` with `input.exec.pid`.
 //!   `List` shows the sandbox's running commands.
-//! - Not offered (`unimplemented`): PTYs, stdin (`SendInput`, `StreamInput`,
-//!   `CloseStdin`), `Update`.
+//! - `pty` in `Start` runs the command on a terminal of that size (operation `pty`; output
+//!   as `data.pty`); `stdin: true` gives it a stdin pipe. `SendInput` (operation `stdin`),
+//!   `CloseStdin` and `Update` (a terminal's new size, operation `pty`) act on it: see
+//!   `input.rs`.
+//! - Not offered (`unimplemented`): `StreamInput`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -35,7 +38,9 @@ use super::FacadeState;
 use crate::e2b::connect::{self, RpcError};
 use crate::e2b::envd as events;
 use crate::operations::commands::{start_command, ExecRequest};
+use crate::operations::interactive::start_interactive;
 use crate::providers::ops::{ExecEvent, ExitReason};
+use crate::providers::InputMode;
 
 /// Commands started through the facade and still running, by pid.
 pub struct Registry {
@@ -53,8 +58,12 @@ impl Default for Registry {
     }
 }
 
-struct Running {
+pub(super) struct Running {
     sandbox_id: String,
+    /// Input of a command started on a terminal or with `stdin`.
+    pub(super) input: Option<mpsc::Sender<crate::providers::ops::ExecInput>>,
+    /// Started on a terminal: its output travels as `data.pty`.
+    pub(super) pty: bool,
     tag: Option<String>,
     /// The `ProcessConfig` as started (environment names only: values may be secrets).
     config: Value,
@@ -69,7 +78,11 @@ impl Registry {
     }
 
     /// The command a `ProcessSelector` (`{pid}` or `{tag}`) names in sandbox `id`.
-    fn select(&self, id: &str, selector: &Value) -> Result<(u32, Arc<Running>), RpcError> {
+    pub(super) fn select(
+        &self,
+        id: &str,
+        selector: &Value,
+    ) -> Result<(u32, Arc<Running>), RpcError> {
         let map = self.map();
         let mine = || map.iter().filter(|(_, r)| r.sandbox_id == id);
         if let Some(pid) = integer(&selector["pid"]) {
@@ -94,7 +107,7 @@ impl Registry {
 }
 
 /// A proto3-JSON integer: a number, or a string (how 64-bit values travel).
-fn integer(value: &Value) -> Option<u64> {
+pub(super) fn integer(value: &Value) -> Option<u64> {
     value.as_u64().or_else(|| value.as_str()?.parse().ok())
 }
 
@@ -167,12 +180,6 @@ fn exec_body(
     request: &Value,
     headers: &HeaderMap,
 ) -> Result<(ExecRequest, Value, Option<String>), RpcError> {
-    if !request["pty"].is_null() {
-        return Err(RpcError::new(
-            "unimplemented",
-            "sandgate's E2B API runs no PTY",
-        ));
-    }
     let process = &request["process"];
     let cmd = process["cmd"].as_str().unwrap_or_default();
     if cmd.is_empty() {
@@ -242,14 +249,29 @@ pub async fn start(
         Err(e) => return stream_failure(&e),
     };
     let id = call.row.id.clone();
-    let stream = match start_command(&state.ops, &call.principal, &id, exec).await {
-        Ok(stream) => stream,
+    let mode = match super::input::input_mode(&request) {
+        Ok(mode) => mode,
+        Err(e) => return stream_failure(&e),
+    };
+    let started = match mode {
+        Some(mode) => start_interactive(&state.ops, &call.principal, &id, exec, mode)
+            .await
+            .map(|s| (s.stream, Some(s.input))),
+        None => start_command(&state.ops, &call.principal, &id, exec)
+            .await
+            .map(|s| (s, None)),
+    };
+    let (stream, input) = match started {
+        Ok(started) => started,
         Err(e) => return stream_failure(&rpc_error(&e)),
     };
+    let pty = matches!(mode, Some(InputMode::Terminal(_)));
     let pid = state.processes.next_pid.fetch_add(1, Ordering::Relaxed);
     let (frames, _) = broadcast::channel(256);
     let running = Arc::new(Running {
         sandbox_id: id.clone(),
+        input,
+        pty,
         tag,
         config,
         cancel: stream.cancel.clone(),
@@ -280,7 +302,7 @@ async fn pump(
     let mut primary = Some(tx);
     while let Some(event) = events.recv().await {
         let exit = matches!(event, ExecEvent::Exit(_));
-        for frame in frames_of(event) {
+        for frame in frames_of(event, running.pty) {
             let _ = running.frames.send(frame.clone());
             if let Some(tx) = &primary {
                 if tx.send(frame).await.is_err() {
@@ -296,8 +318,9 @@ async fn pump(
 }
 
 /// The stream frames of one exec event.
-fn frames_of(event: ExecEvent) -> Vec<Bytes> {
+fn frames_of(event: ExecEvent, pty: bool) -> Vec<Bytes> {
     match event {
+        ExecEvent::Stdout(b) if pty => vec![connect::message(&events::pty_event(&b))],
         ExecEvent::Stdout(b) => vec![connect::message(&events::data_event(true, &b))],
         ExecEvent::Stderr(b) => vec![connect::message(&events::data_event(false, &b))],
         ExecEvent::Exit(info) if info.reason == ExitReason::TimedOut => {
@@ -476,9 +499,10 @@ mod tests {
             Ok(_) => "ok",
             Err(e) => e.code,
         };
+        // A terminal is asked for beside the command (see `input.rs`), not refused here.
         assert_eq!(
             code(json!({"process": {"cmd": "x"}, "pty": {"size": {}}})),
-            "unimplemented"
+            "ok"
         );
         assert_eq!(code(json!({"process": {}})), "invalid_argument");
         assert_eq!(
@@ -489,12 +513,20 @@ mod tests {
 
     #[test]
     fn a_timed_out_command_ends_the_stream_with_deadline_exceeded() {
-        let frames = frames_of(ExecEvent::Exit(crate::providers::ops::ExitInfo {
+        let exit = crate::providers::ops::ExitInfo {
             code: None,
             signal: Some(9),
             reason: ExitReason::TimedOut,
-        }));
+        };
+        let frames = frames_of(ExecEvent::Exit(exit), false);
         assert_eq!(frames.len(), 1);
+        // A terminal's output is `data.pty`, a command's `data.stdout`.
+        let data = |pty: bool| {
+            let frame = &frames_of(ExecEvent::Stdout("hi".into()), pty)[0];
+            serde_json::from_slice::<Value>(&frame[5..]).unwrap()["event"]["data"].clone()
+        };
+        assert_eq!(data(true), json!({"pty": "aGk="}));
+        assert_eq!(data(false), json!({"stdout": "aGk="}));
         assert_eq!(frames[0][0], connect::END_STREAM);
         let body: Value = serde_json::from_slice(&frames[0][5..]).unwrap();
         assert_eq!(body["error"]["code"], "deadline_exceeded");

@@ -4,11 +4,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::AsyncReadExt;
-use tokio::process::{Child, ChildStderr, ChildStdout};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Child;
 use tokio::sync::{mpsc, watch};
 
 use super::cgroup;
+use super::pty::{self, ExecInput, Master, Sink};
+
+/// One output stream of a command: a pipe, or the master side of its terminal.
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
 
 /// One event of an exec's output stream. Events arrive in order: any number of
 /// `Stdout`/`Stderr` chunks, then exactly one `Exit`, then the stream ends.
@@ -47,6 +51,8 @@ pub struct ExecHandle {
     events: mpsc::Receiver<ExecEvent>,
     cancel: watch::Sender<bool>,
     pid: u32,
+    /// Input of a command started with a terminal or a stdin pipe.
+    input: Option<mpsc::Sender<ExecInput>>,
 }
 
 impl ExecHandle {
@@ -65,6 +71,12 @@ impl ExecHandle {
     /// Host process id of the command (0 when it could not be started).
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The input of a command started with a terminal or with `stdin` (once; `None` for a
+    /// plain exec). Dropping the sender ends nothing: it only stops input.
+    pub fn take_input(&mut self) -> Option<mpsc::Sender<ExecInput>> {
+        self.input.take()
     }
 
     /// Gives up the stream: the receiver yields the events; dropping it before the
@@ -117,6 +129,9 @@ impl ExecOutput {
 pub(crate) struct Killer {
     pub freezer: Option<PathBuf>,
     pub pgid: u32,
+    /// The command leads a session (it has a terminal): its shell's jobs run in process
+    /// groups of their own, so the whole session is killed too.
+    pub session: bool,
 }
 
 impl Killer {
@@ -125,6 +140,9 @@ impl Killer {
             if let Err(e) = cgroup::kill_group(dir).await {
                 tracing::warn!(error = %e, "localbox: killing an exec's cgroup failed");
             }
+        }
+        if self.session {
+            pty::kill_session(self.pgid);
         }
         if let Ok(pgid) = libc::pid_t::try_from(self.pgid) {
             if pgid > 1 {
@@ -144,15 +162,34 @@ impl Killer {
     }
 }
 
-/// Starts the driver of a spawned child; returns the handle given to the caller.
+/// Starts the driver of a spawned child; returns the handle given to the caller. With a
+/// terminal's `master`, the output is the terminal's (as `Stdout`) and input goes to it;
+/// otherwise a piped stdin, if any, takes the input.
 pub(crate) fn drive(
     mut child: Child,
     killer: Killer,
     timeout: Option<Duration>,
+    master: Option<Master>,
 ) -> std::io::Result<ExecHandle> {
     let pid = child.id().unwrap_or(0);
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
+    let boxed = |r: Reader| Some(r);
+    let (stdout, stderr, sink) = match master {
+        Some(master) => (
+            boxed(Box::new(master.clone())),
+            None,
+            Some(Sink::Terminal(master)),
+        ),
+        None => (
+            child.stdout.take().and_then(|r| boxed(Box::new(r))),
+            child.stderr.take().and_then(|r| boxed(Box::new(r))),
+            child.stdin.take().map(|w| Sink::Pipe(Some(w))),
+        ),
+    };
+    let input = sink.map(|sink| {
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(pty::feed(sink, killer.pgid, rx));
+        tx
+    });
     let (tx, rx) = mpsc::channel(64);
     let (cancel_tx, cancel_rx) = watch::channel(false);
     tokio::spawn(run(child, stdout, stderr, killer, timeout, tx, cancel_rx));
@@ -160,6 +197,7 @@ pub(crate) fn drive(
         events: rx,
         cancel: cancel_tx,
         pid,
+        input,
     })
 }
 
@@ -179,6 +217,7 @@ pub(crate) fn failed(code: i32, message: String) -> ExecHandle {
         events: rx,
         cancel,
         pid: 0,
+        input: None,
     }
 }
 
@@ -188,8 +227,8 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
 
 async fn run(
     mut child: Child,
-    mut stdout: Option<ChildStdout>,
-    mut stderr: Option<ChildStderr>,
+    mut stdout: Option<Reader>,
+    mut stderr: Option<Reader>,
     killer: Killer,
     timeout: Option<Duration>,
     tx: mpsc::Sender<ExecEvent>,

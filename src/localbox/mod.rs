@@ -83,6 +83,7 @@ mod enter;
 mod exec;
 mod fs;
 mod limits;
+mod pty;
 mod recover;
 pub mod seccomp;
 mod usage;
@@ -102,6 +103,7 @@ use tokio::process::Command;
 pub use cgroup::CgroupMode;
 pub use exec::{ExecCanceller, ExecEvent, ExecHandle, ExecOutput, ExitInfo, ExitReason};
 pub use limits::LimitHits;
+pub use pty::{signal_number, ExecInput, WinSize, ALLOWED_SIGNALS};
 pub use recover::{Recovered, Unrecoverable};
 pub use usage::Usage;
 
@@ -307,6 +309,12 @@ pub struct ExecRequest {
     pub cwd: Option<String>,
     /// Kill the process tree after this long.
     pub timeout: Option<Duration>,
+    /// Run on a terminal of this size (a pseudo-terminal, see `pty.rs`); input through
+    /// [`ExecHandle::take_input`].
+    pub tty: Option<WinSize>,
+    /// Without a terminal: stdin is a pipe fed through [`ExecHandle::take_input`] (else
+    /// `/dev/null`).
+    pub stdin: bool,
     /// Run as this uid and gid instead of [`RuntimeConfig`]'s (the caller checked that the
     /// pool declares them).
     pub user: Option<(u32, u32)>,
@@ -911,11 +919,16 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
         cmd.args(&request.argv[1..])
             .env_clear()
             .envs(env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
             .kill_on_drop(true);
+        let io = pty::Io::open(request.tty, request.stdin, uid, gid);
+        let session = request.tty.is_some();
+        let master = match io.and_then(|io| io.configure(&mut cmd)) {
+            Ok(master) => master,
+            Err(e) => {
+                remove_group();
+                return Err(LocalboxError::setup("opening the command's terminal", e));
+            }
+        };
         join_cgroups_before_exec(&mut cmd, join);
         entry.before_exec(&mut cmd);
         let spawned = enter::spawn_in_pid_ns(pidns, cmd).await;
@@ -928,7 +941,17 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
             }
         };
         let pgid = child.id().unwrap_or(0);
-        exec::drive(child, exec::Killer { freezer, pgid }, request.timeout)
+        master
+            .map(pty::Master::new)
+            .transpose()
+            .and_then(|master| {
+                let killer = exec::Killer {
+                    freezer,
+                    pgid,
+                    session,
+                };
+                exec::drive(child, killer, request.timeout, master)
+            })
             .map_err(|e| LocalboxError::setup("starting the exec", e))
     }
 

@@ -81,6 +81,8 @@ pub fn sandbox_value(identity: &Identity) -> Value {
 /// `input.operation` values of the `sandgate.action` layer.
 pub const ACTION_OPERATIONS: &[&str] = &[
     "exec",
+    "pty",
+    "stdin",
     "files.read",
     "files.write",
     "files.list",

@@ -41,15 +41,18 @@ use std::sync::{Arc, Mutex};
 use serde::Deserialize;
 
 use super::local_limits::{self, LocalLimits, Resolved, Watch};
-use super::ops::{ExecSpec, ExecStream, Lifecycle, OpError, OpErrorKind, SandboxEntry};
+use super::ops::{
+    ExecSpec, ExecStream, InputMode, InteractiveStream, Lifecycle, OpError, OpErrorKind,
+    SandboxEntry,
+};
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, Provider, ProviderError,
     RuntimeCapabilities, SnapshotInfo, Tags, Usage,
 };
 use crate::egress::EgressState;
 use crate::localbox::{
-    Enforced, ExecRequest, Limits, LocalRuntime, LocalboxError, Recovered, RuntimeConfig,
-    SandboxSpec, Unrecoverable,
+    Enforced, ExecHandle, ExecRequest, Limits, LocalRuntime, LocalboxError, Recovered,
+    RuntimeConfig, SandboxSpec, Unrecoverable,
 };
 
 /// The labels a local sandbox records its tags under (see [`SandboxSpec::labels`]).
@@ -263,6 +266,18 @@ impl LocalProvider {
 
     /// The uid and gid of a declared user (`None`: the default user's, the runtime's own);
     /// an undeclared one is refused naming those that are.
+    /// The runtime's request for an exec (its user checked against the pool's).
+    fn exec_request(&self, spec: ExecSpec) -> Result<ExecRequest, OpError> {
+        Ok(ExecRequest {
+            user: self.user_ids(spec.user.as_deref())?,
+            argv: spec.argv,
+            env: spec.env,
+            cwd: spec.cwd,
+            timeout: spec.timeout,
+            ..ExecRequest::default()
+        })
+    }
+
     fn user_ids(&self, user: Option<&str>) -> Result<Option<(u32, u32)>, OpError> {
         let Some(name) = user else {
             return Ok(None);
@@ -436,7 +451,7 @@ impl Provider for LocalProvider {
             Ok(RuntimeCapabilities {
                 public_ports: false,
                 pause_resume: self.runtime.capabilities().freezer,
-                pty: false,
+                pty: true,
                 ..RuntimeCapabilities::FULL
             })
         })
@@ -454,21 +469,32 @@ impl Provider for LocalProvider {
         Box::pin(async move {
             let handle = self
                 .runtime
-                .exec(
-                    instance_id,
-                    ExecRequest {
-                        argv: spec.argv,
-                        env: spec.env,
-                        cwd: spec.cwd,
-                        timeout: spec.timeout,
-                        user: self.user_ids(spec.user.as_deref())?,
-                    },
-                )
+                .exec(instance_id, self.exec_request(spec)?)
                 .await?;
-            let (events, canceller) = handle.into_parts();
-            Ok(ExecStream {
-                events,
-                cancel: Arc::new(move || canceller.cancel()),
+            Ok(exec_stream(handle))
+        })
+    }
+
+    fn exec_interactive<'a>(
+        &'a self,
+        instance_id: &'a str,
+        spec: ExecSpec,
+        mode: InputMode,
+    ) -> BoxFuture<'a, Result<InteractiveStream, OpError>> {
+        Box::pin(async move {
+            let mut request = self.exec_request(spec)?;
+            match mode {
+                InputMode::Terminal(size) => request.tty = Some(size),
+                InputMode::Stdin => request.stdin = true,
+            }
+            let mut handle = self.runtime.exec(instance_id, request).await?;
+            // A command that could not start has no input; its stream says why.
+            let input = handle
+                .take_input()
+                .unwrap_or_else(|| tokio::sync::mpsc::channel(1).0);
+            Ok(InteractiveStream {
+                stream: exec_stream(handle),
+                input,
             })
         })
     }
@@ -741,5 +767,13 @@ impl Default for LocalConfig {
             max: LocalLimits::default(),
             on_shutdown: OnShutdown::Keep,
         }
+    }
+}
+
+fn exec_stream(handle: ExecHandle) -> ExecStream {
+    let (events, canceller) = handle.into_parts();
+    ExecStream {
+        events,
+        cancel: Arc::new(move || canceller.cancel()),
     }
 }

@@ -39,7 +39,10 @@ use serde::{Deserialize, Serialize};
 
 use sandgate_router::Request;
 
-pub use ops::{ExecSpec, ExecStream, OpError, OpErrorKind, SandboxEntry, SnapshotInfo, Usage};
+pub use ops::{
+    ExecSpec, ExecStream, InputMode, InteractiveStream, OpError, OpErrorKind, SandboxEntry,
+    SnapshotInfo, Usage,
+};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -537,6 +540,18 @@ pub trait Provider: Send + Sync + 'static {
         let _ = (instance_id, spec);
         Box::pin(async { Err(OpError::unsupported(self.kind(), "exec")) })
     }
+    /// Starts a command that takes input while it runs: on a terminal, or with a stdin
+    /// pipe. Adapters whose provider offers neither answer `unsupported` (501), naming
+    /// `pty` or `exec.stdin`.
+    fn exec_interactive<'a>(
+        &'a self,
+        instance_id: &'a str,
+        spec: ExecSpec,
+        mode: InputMode,
+    ) -> BoxFuture<'a, Result<InteractiveStream, OpError>> {
+        let _ = (instance_id, spec);
+        Box::pin(async move { Err(OpError::unsupported(self.kind(), mode.operation())) })
+    }
     fn read_file<'a>(
         &'a self,
         instance_id: &'a str,
@@ -752,5 +767,23 @@ mod tests {
             (OpErrorKind::Unsupported, "unsupported")
         );
         assert!(e.message.contains("metrics"), "{}", e.message);
+    }
+
+    #[tokio::test]
+    async fn a_provider_without_terminals_or_stdin_answers_unsupported_naming_which() {
+        // Only adapters that run their own processes (local) offer these; the rest are 501.
+        let sim = simulated::SimulatedProvider::new("p", Default::default()).unwrap();
+        let size = ops::WinSize::DEFAULT;
+        for (mode, named) in [
+            (InputMode::Terminal(size), "pty"),
+            (InputMode::Stdin, "exec.stdin"),
+        ] {
+            let spec = ExecSpec::default();
+            let Err(e) = sim.exec_interactive("i-1", spec, mode).await else {
+                panic!("the simulated provider started an interactive command");
+            };
+            assert_eq!(e.kind, OpErrorKind::Unsupported);
+            assert!(e.message.ends_with(named), "{}", e.message);
+        }
     }
 }

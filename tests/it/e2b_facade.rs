@@ -878,3 +878,18 @@ allow_out = []
         "{v:#}"
     );
 }
+
+/// Issue 31: stdin and terminals through the official SDK (`commands.send_stdin`,
+/// `close_stdin`, `pty.create`, `pty.resize`) on a local sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_feeds_stdin_and_drives_a_pty() {
+    let Some(python) = python_or_skip("interactive") else {
+        return;
+    };
+    let Some(env) = start("interactive", "").await else {
+        return;
+    };
+    let result = run_gaps(&env, &python, "interactive", &[]).await;
+    assert_eq!(result["stdin"], "got-hello\nmore\n", "{result}");
+    assert_eq!(result["pty_exit"], 5, "{result}");
+}

@@ -11,18 +11,18 @@ use std::time::Duration;
 use crate::common::*;
 use serde_json::{json, Value};
 
-const TOKEN_A: &str = "api-token-ws-a-local-0123456789";
+pub(crate) const TOKEN_A: &str = "api-token-ws-a-local-0123456789";
 const TOKEN_B: &str = "api-token-ws-b-local-0123456789";
 const SECRET: &str = "ghp_local_provider_real_secret_4242";
 
-struct Env {
-    gw: Gateway,
-    http: reqwest::Client,
+pub(crate) struct Env {
+    pub(crate) gw: Gateway,
+    pub(crate) http: reqwest::Client,
     origin: Origin,
     _ca: TestCa,
 }
 
-async fn start(test: &str, extra_policies: Vec<(&'static str, String)>) -> Option<Env> {
+pub(crate) async fn start(test: &str, extra_policies: Vec<(&'static str, String)>) -> Option<Env> {
     if !root_or_skip(&format!("local_provider::{test}")) {
         return None;
     }
@@ -92,7 +92,7 @@ root = {{ uid = 0, gid = 0 }}
 }
 
 impl Env {
-    async fn create(&self, token: &str, body: Value) -> Value {
+    pub(crate) async fn create(&self, token: &str, body: Value) -> Value {
         let response = self
             .http
             .post(self.gw.api("/v1/sandboxes"))
@@ -109,7 +109,12 @@ impl Env {
     }
 
     /// Starts a command; the raw streaming response (status not checked).
-    async fn exec_request(&self, token: &str, id: &str, body: Value) -> reqwest::Response {
+    pub(crate) async fn exec_request(
+        &self,
+        token: &str,
+        id: &str,
+        body: Value,
+    ) -> reqwest::Response {
         self.http
             .post(self.gw.api(&format!("/v1/sandboxes/{id}/exec")))
             .bearer_auth(token)

@@ -39,6 +39,7 @@ mod hosted_failover;
 mod hosted_restart;
 mod local_limits;
 mod local_provider;
+mod local_pty;
 mod local_restart;
 mod local_seccomp;
 mod localbox;

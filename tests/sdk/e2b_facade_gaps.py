@@ -21,6 +21,10 @@ facade, FACADE_SDK_VERSION, and FACADE_GAPS naming the part to run:
   FACADE_CIDR_URL (the origin by its IP address), a create whose allow_out is that
   address's /32 reaches it.
 
+- `interactive` (issue 31): commands.run(..., stdin=True) fed by commands.send_stdin and
+  ended by close_stdin; pty.create runs bash on a terminal of the asked size, pty.resize
+  changes it, pty.send_stdin types into it, and its exit code comes back.
+
 Prints `FACADE OK {json}` as its last line when every step held; any failed check raises.
 """
 
@@ -201,6 +205,52 @@ def egress():
     return result
 
 
+def interactive():
+    from e2b import PtySize
+
+    sbx = Sandbox.create(timeout=120)
+    handle = sbx.commands.run("read a; echo got-$a; cat", background=True, stdin=True)
+    sbx.commands.send_stdin(handle.pid, "hello\n")
+    sbx.commands.send_stdin(handle.pid, "more\n")
+    sbx.commands.close_stdin(handle.pid)
+    done = handle.wait()
+    check(done.stdout == "got-hello\nmore\n", f"stdin reached the command: {done.stdout!r}")
+
+    import threading
+    import time
+
+    out = bytearray()
+    term = sbx.pty.create(PtySize(rows=24, cols=80))
+    ended = {}
+
+    def follow():
+        try:
+            term.wait(on_pty=lambda data: out.extend(data))
+            ended["code"] = 0
+        except CommandExitException as e:
+            ended["code"] = e.exit_code
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+
+    def seen(needle):
+        deadline = time.time() + 20
+        while needle not in out.decode(errors="replace") and time.time() < deadline:
+            time.sleep(0.05)
+
+    sbx.pty.send_stdin(term.pid, b"stty size\n")
+    seen("24 80")
+    sbx.pty.resize(term.pid, PtySize(rows=40, cols=100))
+    sbx.pty.send_stdin(term.pid, b"stty size; exit 5\n")
+    follower.join(30)
+    code = ended.get("code")
+    text = out.decode(errors="replace")
+    check("24 80" in text and "40 100" in text, f"the terminal's sizes: {text!r}")
+    check(code == 5, f"the shell's exit code: {code}")
+    sbx.kill()
+    return {"stdin": done.stdout, "pty_exit": code}
+
+
 def main():
     version = importlib.metadata.version("e2b")
     print(f"e2b SDK {version}", flush=True)
@@ -208,7 +258,13 @@ def main():
     if expected:
         check(version == expected, f"the e2b SDK is {expected}")
     part = os.environ["FACADE_GAPS"]
-    result = {"gzip": gzip_uploads, "ops": ops, "info": info, "egress": egress}[part]()
+    result = {
+        "gzip": gzip_uploads,
+        "ops": ops,
+        "info": info,
+        "egress": egress,
+        "interactive": interactive,
+    }[part]()
     result["sdk"] = version
     print("FACADE OK " + json.dumps(result), flush=True)
 

@@ -136,7 +136,7 @@ impl ProviderKind {
                 k,
                 Codesandbox | E2b | Freestyle | Northflank | Runloop | Local | Simulated
             ),
-            pty: false,
+            pty: k == Local,
             egress: if k == Local {
                 EgressEnforcement::Gateway
             } else {

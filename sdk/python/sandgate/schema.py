@@ -384,6 +384,9 @@ class ExecBody(_ExecBodyRequired, total=False):
     #: Extra environment variables (the proxy and CA variables cannot be redefined); names
     #: `[A-Za-z_][A-Za-z0-9_]*` (at most 256 bytes), values without NUL.
     env: Dict[str, str]
+    #: Give the command a stdin pipe, fed with `POST .../exec/{exec_id}/stdin` (operation
+    #: `stdin`); without it stdin is empty (`/dev/null`).
+    stdin: bool
     #: Kill the command's process tree after this many milliseconds (1 to 86400000).
     timeout_ms: Optional[int]
     #: Run as this user, one the sandbox's pool declares (a local pool's are in its

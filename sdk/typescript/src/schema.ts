@@ -475,6 +475,11 @@ export interface ExecBody {
    */
   env?: Record<string, string>;
   /**
+   * Give the command a stdin pipe, fed with `POST .../exec/{exec_id}/stdin` (operation
+   * `stdin`); without it stdin is empty (`/dev/null`).
+   */
+  stdin?: boolean;
+  /**
    * Kill the command's process tree after this many milliseconds (1 to 86400000).
    */
   timeout_ms?: number | null;

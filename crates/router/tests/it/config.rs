@@ -190,7 +190,9 @@ fn builtin_defaults_follow_seed_000() {
             vec!["metal/base", "metal/node", "metal/python"],
             "{k}"
         );
-        assert!(!c.pty, "{k}: no built-in provider declares pty");
+        // Seed 000 had no kind declare pty; issue 31 gave local sandboxes terminal
+        // sessions, so the local kind declares it now, and only it.
+        assert_eq!(c.pty, k == ProviderKind::Local, "{k}: pty");
         assert_eq!(c.process.execute, c.filesystem.read, "{k}");
     }
     assert!(!caps(ProviderKind::Codesandbox).process.execute);

@@ -309,18 +309,25 @@ fn isolation_table_and_northflank_never_qualifies() {
 /// sandgate: never by a provider that does not declare it (no built-in one does).
 #[test]
 fn pty_never_satisfied_by_undeclaring_providers() {
-    let t = topo(&providers_toml(&[&MANAGED[..], &["local"]].concat()));
+    let t = topo(&providers_toml(&MANAGED));
     let e = no_eligible(
         &t,
         &req(no_baseline(json!({"features": {"pty": true}}))),
         &ctx(),
     );
-    assert_eq!(e.details.attempts.len(), 12);
+    assert_eq!(e.details.attempts.len(), 11);
     assert!(e
         .details
         .attempts
         .iter()
         .all(|a| a.unmet_requirements == vec!["features.pty".to_string()]));
+    // Local sandboxes have terminal sessions (issue 31, after seed 000): among every kind,
+    // the local pool alone qualifies.
+    let all = topo(&providers_toml(&[&MANAGED[..], &["local"]].concat()));
+    assert_eq!(
+        route_providers(&all, &req(no_baseline(json!({"features": {"pty": true}})))),
+        strs(&["local"])
+    );
     // A pool cannot claim pty for a provider that does not declare it.
     let s = providers_toml(&["e2b"]).replace(
         "[pools.resources]",
