@@ -9,7 +9,7 @@
 //!
 //! Query parameters: `argv` (repeatable; default: `bash` when the sandbox has it, else
 //! `sh`), `env` (repeatable `NAME=VALUE`), `cwd`, `rows` and `cols` (1 to 1000; default
-//! 24x80), `timeout_ms`.
+//! 24x80), `timeout_ms`, `user` (one the sandbox's pool declares, as for an exec).
 //!
 //! Frames, after the upgrade:
 //! - server to client: first a text frame `{"type":"started","exec_id":...}`; then binary
@@ -82,6 +82,7 @@ pub fn routes() -> Router<ApiState> {
         ("rows" = Option<u16>, Query, description = "Terminal rows, 1 to 1000 (default 24)"),
         ("cols" = Option<u16>, Query, description = "Terminal columns, 1 to 1000 (default 80)"),
         ("timeout_ms" = Option<u64>, Query, description = "Kill the session after this many milliseconds"),
+        ("user" = Option<String>, Query, description = "Run as this user, one the sandbox's pool declares (default: the pool's default user)"),
     ),
     responses(
         (status = 101, description = "WebSocket. Server: text {\"type\":\"started\",\"exec_id\"}, binary output frames, text {\"type\":\"exit\",\"code\",\"signal\",\"reason\"}, close. Client: binary input frames; text {\"type\":\"resize\",\"rows\",\"cols\"} | {\"type\":\"signal\",\"signal\":\"INT\"} | {\"type\":\"eof\"}. Closing the socket kills the session."),
@@ -217,6 +218,7 @@ fn parse_query(query: &str) -> Result<(ExecRequest, WinSize), Error> {
                 exec.env.insert(name.to_string(), val.to_string());
             }
             "cwd" => exec.cwd = Some(value.into_owned()),
+            "user" => exec.user = Some(value.into_owned()),
             "rows" => size.rows = dimension("rows", &value)?,
             "cols" => size.cols = dimension("cols", &value)?,
             "timeout_ms" => {
@@ -231,7 +233,7 @@ fn parse_query(query: &str) -> Result<(ExecRequest, WinSize), Error> {
             other => {
                 return Err(invalid(
                     other,
-                    "unknown query parameter; use argv, env, cwd, rows, cols, timeout_ms",
+                    "unknown query parameter; use argv, env, cwd, rows, cols, timeout_ms, user",
                 ))
             }
         }

@@ -444,3 +444,33 @@ async fn sandbox_shell_on_a_real_terminal() {
     assert_eq!(report["raw_during"], true, "{report}");
     assert_eq!(report["restored"], true, "{report}");
 }
+
+/// `user` on a terminal session, as on an exec: a user the pool declares (`root` in
+/// `local_provider`'s config) is that uid on the terminal; another is refused before the
+/// upgrade, naming the declared ones.
+#[tokio::test]
+async fn a_terminal_session_runs_as_a_declared_user_and_refuses_others() {
+    let Some(env) = start("pty_user", vec![]).await else {
+        return;
+    };
+    let id = env.create(TOKEN_A, json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let query = "user=root&argv=sh&argv=-c&argv=echo%20uid%3D%24%28id%20-u%29";
+    let ws = open(&env, TOKEN_A, &id, query)
+        .await
+        .expect("a session as root");
+    let mut session = Session {
+        ws,
+        output: String::new(),
+        texts: Vec::new(),
+        closed: false,
+    };
+    session.expect("uid=0", 0).await;
+    assert_eq!(session.exit().await["code"], 0);
+    let (status, body) = open(&env, TOKEN_A, &id, "user=admin").await.err().unwrap();
+    assert_eq!(status, 400, "{body:#}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("\"admin\" is not declared"), "{body:#}");
+}
