@@ -136,6 +136,10 @@ pub enum SandboxCommand {
         /// unless given).
         #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
         env: Vec<String>,
+        /// Run as this user, one the sandbox's pool declares [default: the pool's default
+        /// user].
+        #[arg(long, short = 'u', value_name = "NAME")]
+        user: Option<String>,
         /// The command and its arguments, after `--` [default: bash if the sandbox has it,
         /// else sh].
         #[arg(last = true, value_name = "COMMAND")]
@@ -318,8 +322,20 @@ pub(super) async fn run(api: &Api, out: &OutputArgs, cmd: SandboxCommand) -> Res
             };
             return super::exec::exec(api, out, &id, options).await;
         }
-        SandboxCommand::Shell { id, cwd, env, argv } => {
-            return super::shell::shell(api, out, &id, cwd, env, argv).await
+        SandboxCommand::Shell {
+            id,
+            cwd,
+            env,
+            user,
+            argv,
+        } => {
+            let options = super::shell::SessionOptions {
+                cwd,
+                env,
+                user,
+                argv,
+            };
+            return super::shell::shell(api, out, &id, options).await;
         }
         SandboxCommand::Stop { id } => lifecycle(api, &id, "stop").await?,
         SandboxCommand::Start { id } => lifecycle(api, &id, "start").await?,

@@ -23,17 +23,24 @@ use super::{encode, Api, CliError};
 /// Exit status when the API refused or failed the session (as `sandbox exec`).
 const API_FAILURE: i32 = 125;
 
+/// What `sandgate sandbox shell` asks for, from its flags.
+pub(super) struct SessionOptions {
+    pub cwd: Option<String>,
+    /// `KEY=VALUE` pairs.
+    pub env: Vec<String>,
+    pub user: Option<String>,
+    pub argv: Vec<String>,
+}
+
 pub(super) async fn shell(
     api: &Api,
     out: &OutputArgs,
     id: &str,
-    cwd: Option<String>,
-    env: Vec<String>,
-    argv: Vec<String>,
+    options: SessionOptions,
 ) -> Result<i32, CliError> {
     let stdin = std::io::stdin();
     let size = window_size(stdin.as_raw_fd());
-    let url = session_url(&api.base, id, cwd, &env, &argv, size)?;
+    let url = session_url(&api.base, id, &options, size)?;
     let mut request = url
         .as_str()
         .into_client_request()
@@ -74,11 +81,15 @@ pub(super) async fn shell(
 fn session_url(
     base: &str,
     id: &str,
-    cwd: Option<String>,
-    env: &[String],
-    argv: &[String],
+    options: &SessionOptions,
     size: Option<(u16, u16)>,
 ) -> Result<String, CliError> {
+    let SessionOptions {
+        cwd,
+        env,
+        user,
+        argv,
+    } = options;
     let ws_base = if let Some(rest) = base.strip_prefix("http://") {
         format!("ws://{rest}")
     } else if let Some(rest) = base.strip_prefix("https://") {
@@ -106,7 +117,10 @@ fn session_url(
         }
     }
     if let Some(cwd) = cwd {
-        query.append_pair("cwd", &cwd);
+        query.append_pair("cwd", cwd);
+    }
+    if let Some(user) = user {
+        query.append_pair("user", user);
     }
     if let Some((rows, cols)) = size {
         query.append_pair("rows", &rows.to_string());
@@ -278,25 +292,29 @@ mod tests {
 
     #[test]
     fn session_urls() {
-        let url = session_url(
-            "http://127.0.0.1:7070/",
-            "sb-1",
-            Some("/tmp".into()),
-            &["A=b c".into(), "TERM=dumb".into()],
-            &["python3".into(), "-q".into()],
-            Some((30, 100)),
-        )
-        .unwrap();
+        let options = |env: Vec<String>| SessionOptions {
+            cwd: None,
+            env,
+            user: None,
+            argv: Vec::new(),
+        };
+        let full = SessionOptions {
+            cwd: Some("/tmp".into()),
+            env: vec!["A=b c".into(), "TERM=dumb".into()],
+            user: Some("root".into()),
+            argv: vec!["python3".into(), "-q".into()],
+        };
+        let url = session_url("http://127.0.0.1:7070/", "sb-1", &full, Some((30, 100))).unwrap();
         assert_eq!(
             url,
             "ws://127.0.0.1:7070/v1/sandboxes/sb-1/pty?argv=python3&argv=-q&env=A%3Db+c\
-             &env=TERM%3Ddumb&cwd=%2Ftmp&rows=30&cols=100"
+             &env=TERM%3Ddumb&cwd=%2Ftmp&user=root&rows=30&cols=100"
         );
-        assert!(session_url("https://gw", "sb-1", None, &[], &[], None)
+        assert!(session_url("https://gw", "sb-1", &options(vec![]), None)
             .unwrap()
             .starts_with("wss://gw/v1/sandboxes/sb-1/pty?"));
-        assert!(session_url("ftp://gw", "sb-1", None, &[], &[], None).is_err());
-        assert!(session_url("http://gw", "sb-1", None, &["X".into()], &[], None).is_err());
+        assert!(session_url("ftp://gw", "sb-1", &options(vec![]), None).is_err());
+        assert!(session_url("http://gw", "sb-1", &options(vec!["X".into()]), None).is_err());
     }
 
     #[test]
