@@ -694,12 +694,18 @@ pub fn routing_topology(
     config: &Config,
 ) -> Result<(sandgate_router::Topology, LocalRuntimeResult), StartError> {
     let mut router_config = config.router_config();
-    let wants_local = router_config.providers.iter().any(|p| {
-        p.kind
-            .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
-            == Some(sandgate_router::ProviderKind::Local)
-    });
-    let local = wants_local.then(|| {
+    // The providers of kind `local`, by name: their pools declare this machine's facts.
+    let local_providers: Vec<String> = router_config
+        .providers
+        .iter()
+        .filter(|p| {
+            p.kind
+                .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
+                == Some(sandgate_router::ProviderKind::Local)
+        })
+        .map(|p| p.name.clone())
+        .collect();
+    let local = (!local_providers.is_empty()).then(|| {
         crate::localbox::LocalRuntime::new(crate::providers::local::runtime_config(&config.local))
             .map(Arc::new)
             .map_err(|e| e.to_string())
@@ -709,16 +715,6 @@ pub fn routing_topology(
         if config.uses_default_topology() {
             declare_default_resources(&mut router_config.pools[0], &caps, config);
         }
-        let local_providers: Vec<String> = router_config
-            .providers
-            .iter()
-            .filter(|p| {
-                p.kind
-                    .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
-                    == Some(sandgate_router::ProviderKind::Local)
-            })
-            .map(|p| p.name.clone())
-            .collect();
         for pool in router_config
             .pools
             .iter_mut()
