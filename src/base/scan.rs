@@ -8,9 +8,6 @@
 //! as malformed: it is refused like any placeholder out of place, since it would otherwise
 //! leave unresolved. Request bodies are not scanned (see the README).
 
-use std::sync::OnceLock;
-
-use aho_corasick::AhoCorasick;
 use base64::Engine as _;
 
 /// Every placeholder starts with this (then 40 hex characters of a keyed tag, see
@@ -26,18 +23,33 @@ pub type Token = Option<String>;
 /// How many rounds of percent-decoding are applied (each round may reveal another level).
 const DECODE_ROUNDS: usize = 4;
 
-fn matcher() -> &'static AhoCorasick {
-    static MATCHER: OnceLock<AhoCorasick> = OnceLock::new();
-    MATCHER.get_or_init(|| {
-        AhoCorasick::builder()
-            .ascii_case_insensitive(true)
-            .build([PLACEHOLDER_PREFIX])
-            .expect("a literal pattern builds")
+/// Where each placeholder prefix starts in `bytes`, in any case. Every prefix ends in
+/// `_`, which most header values, paths and keys never hold, so one memchr pass finds
+/// the candidates and four bytes before each decide; the prefix cannot overlap itself, so
+/// this is every occurrence. (A general matcher costs a search setup per call, and the
+/// request path and the decision log call this for every header, key and value.)
+fn prefix_starts(bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    const HEAD: &[u8] = PLACEHOLDER_PREFIX
+        .as_bytes()
+        .split_last()
+        .expect("non-empty")
+        .1;
+    memchr::memchr_iter(b'_', bytes).filter_map(|end| {
+        let start = end.checked_sub(HEAD.len())?;
+        bytes[start..end]
+            .eq_ignore_ascii_case(HEAD)
+            .then_some(start)
     })
 }
 
 /// Whether `bytes` holds a placeholder prefix, raw or percent-encoded.
 pub fn mentions_placeholder(bytes: &[u8]) -> bool {
+    if prefix_starts(bytes).next().is_some() {
+        return true;
+    }
+    if !bytes.contains(&b'%') {
+        return false;
+    }
     let mut found = Vec::new();
     find(bytes, &mut found);
     !found.is_empty()
@@ -72,14 +84,10 @@ pub fn find_with_basic(value: &[u8], out: &mut Vec<Token>) {
 }
 
 fn find_raw(bytes: &[u8], out: &mut Vec<Token>) {
-    // Every prefix holds a `_`, in any case (percent-encoded forms are decoded before they
-    // get here): most header values have none, and one memchr rejects them.
-    if !bytes.contains(&b'_') {
-        return;
-    }
-    for m in matcher().find_iter(bytes) {
+    // Percent-encoded forms are decoded before they get here.
+    for start in prefix_starts(bytes) {
         let token = bytes
-            .get(m.start()..m.start() + PLACEHOLDER_LEN)
+            .get(start..start + PLACEHOLDER_LEN)
             .filter(|t| {
                 t[PLACEHOLDER_PREFIX.len()..]
                     .iter()
@@ -127,17 +135,19 @@ pub fn redact(text: &str) -> std::borrow::Cow<'_, str> {
     }
     let mut out = String::with_capacity(decoded.len());
     let mut last = 0;
-    for m in matcher().find_iter(&decoded) {
-        if m.start() < last {
+    let starts: Vec<usize> = prefix_starts(decoded.as_bytes()).collect();
+    for start in starts {
+        if start < last {
             continue;
         }
-        out.push_str(&decoded[last..m.start()]);
+        out.push_str(&decoded[last..start]);
         out.push_str("sgph_[redacted]");
-        let tail = &decoded[m.end()..];
+        let end = start + PLACEHOLDER_PREFIX.len();
+        let tail = &decoded[end..];
         let len = tail
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
             .unwrap_or(tail.len());
-        last = m.end() + len;
+        last = end + len;
     }
     out.push_str(&decoded[last..]);
     std::borrow::Cow::Owned(out)
@@ -242,6 +252,15 @@ mod tests {
             let _ = decode_basic(&bytes);
             let text = String::from_utf8_lossy(&bytes);
             let _ = query_pairs(&text).count();
+        }
+
+        #[test]
+        fn prefixes_are_found_wherever_a_naive_search_finds_them(text in "(sgph_|SGPH_|sGpH_|sgph|gph_|_|s|[a-z_%]{1,3}|€)*") {
+            let bytes = text.as_bytes();
+            let naive: Vec<usize> = (0..bytes.len())
+                .filter(|&i| bytes[i..].len() >= 5 && bytes[i..i + 5].eq_ignore_ascii_case(b"sgph_"))
+                .collect();
+            proptest::prop_assert_eq!(prefix_starts(bytes).collect::<Vec<_>>(), naive);
         }
 
         #[test]
