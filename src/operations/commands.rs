@@ -3,12 +3,14 @@
 //! the E2B facade).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::authorize::{authorize, instance, invalid, op_failed};
 use super::{Layer, OperationDetail, OpsContext, Principal};
+use crate::create::Located;
 use crate::error::Error;
-use crate::providers::{ExecSpec, ExecStream};
+use crate::providers::{ExecSpec, ExecStream, Provider};
 
 /// Longest exec timeout a caller may ask for.
 const MAX_EXEC_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
@@ -128,36 +130,56 @@ pub async fn start_command(
     id: &str,
     request: ExecRequest,
 ) -> Result<ExecStream, Error> {
+    let (located, adapter, spec) = authorize_exec(ctx, caller, id, "exec", request).await?;
+    let stream = adapter
+        .exec(instance(&located), spec)
+        .await
+        .map_err(|e| op_failed(ctx, id, e))?;
+    metrics::counter!("sandgate_sandbox_execs_total").increment(1);
+    Ok(stream.exit_on_cancel())
+}
+
+/// The steps every way of starting a command shares: the request checked, authorized as
+/// `operation` of the action layer on a running sandbox (policy sees the command as
+/// `input.exec`), and its user accepted by the provider (an unknown user is refused, never
+/// ignored). Returns the sandbox, its provider and the spec to start.
+pub(super) async fn authorize_exec(
+    ctx: &OpsContext,
+    caller: &Principal,
+    id: &str,
+    operation: &'static str,
+    request: ExecRequest,
+) -> Result<(Located, Arc<dyn Provider>, ExecSpec), Error> {
     check_exec(&request)?;
-    let timeout = request.timeout_ms.map(Duration::from_millis);
     let detail = OperationDetail::Exec {
         argv: &request.argv,
         cwd: request.cwd.as_deref(),
         env_names: request.env.keys().map(String::as_str).collect(),
         user: request.user.as_deref(),
     };
-    let (located, adapter) =
-        authorize(ctx, caller, id, Layer::Action, "exec", detail, &["running"]).await?;
+    let (located, adapter) = authorize(
+        ctx,
+        caller,
+        id,
+        Layer::Action,
+        operation,
+        detail,
+        &["running"],
+    )
+    .await?;
     if let Some(user) = &request.user {
         adapter
             .exec_user(user)
             .map_err(super::authorize::op_error)?;
     }
-    let stream = adapter
-        .exec(
-            instance(&located),
-            ExecSpec {
-                argv: request.argv,
-                env: request.env,
-                cwd: request.cwd,
-                timeout,
-                user: request.user,
-            },
-        )
-        .await
-        .map_err(|e| op_failed(ctx, id, e))?;
-    metrics::counter!("sandgate_sandbox_execs_total").increment(1);
-    Ok(stream.exit_on_cancel())
+    let spec = ExecSpec {
+        argv: request.argv,
+        env: request.env,
+        cwd: request.cwd,
+        timeout: request.timeout_ms.map(Duration::from_millis),
+        user: request.user,
+    };
+    Ok((located, adapter, spec))
 }
 
 /// Authorizes `exec` on a live sandbox without starting anything: for acting on a command

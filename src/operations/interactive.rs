@@ -3,13 +3,11 @@
 //! (operation `stdin`). Each is its own operation so that a policy can allow commands but
 //! not a shell, or commands but not feeding them.
 
-use std::time::Duration;
-
 use super::authorize::{authorize, instance, op_failed};
-use super::commands::{check_exec, ExecRequest};
+use super::commands::{authorize_exec, ExecRequest};
 use super::{Layer, OperationDetail, OpsContext, Principal};
 use crate::error::Error;
-use crate::providers::{ExecSpec, InputMode, InteractiveStream};
+use crate::providers::{InputMode, InteractiveStream};
 
 /// Checks, authorizes and starts an interactive command: on a terminal as operation `pty`,
 /// with a stdin pipe as `exec` (input is authorized per send, see [`authorize_input`]).
@@ -21,39 +19,11 @@ pub async fn start_interactive(
     request: ExecRequest,
     mode: InputMode,
 ) -> Result<InteractiveStream, Error> {
-    check_exec(&request)?;
     let operation = match mode {
         InputMode::Terminal(_) => "pty",
         InputMode::Stdin => "exec",
     };
-    let detail = OperationDetail::Exec {
-        argv: &request.argv,
-        cwd: request.cwd.as_deref(),
-        env_names: request.env.keys().map(String::as_str).collect(),
-        user: request.user.as_deref(),
-    };
-    let (located, adapter) = authorize(
-        ctx,
-        caller,
-        id,
-        Layer::Action,
-        operation,
-        detail,
-        &["running"],
-    )
-    .await?;
-    if let Some(user) = &request.user {
-        adapter
-            .exec_user(user)
-            .map_err(super::authorize::op_error)?;
-    }
-    let spec = ExecSpec {
-        argv: request.argv,
-        env: request.env,
-        cwd: request.cwd,
-        timeout: request.timeout_ms.map(Duration::from_millis),
-        user: request.user,
-    };
+    let (located, adapter, spec) = authorize_exec(ctx, caller, id, operation, request).await?;
     let started = adapter
         .exec_interactive(instance(&located), spec, mode)
         .await
