@@ -19,6 +19,7 @@ pub use crate::egress::config::{
     ProxyCertificate, ProxyConfig, PublicUrl, DEFAULT_MAX_TUNNELS_PER_IDENTITY,
 };
 pub use crate::identity::IdentityConfig;
+pub use crate::ports::PortsConfig;
 pub use crate::providers::local::LocalConfig;
 pub use crate::store::StoreConfig;
 pub use crate::telemetry::LogConfig;
@@ -65,6 +66,9 @@ pub struct Config {
     /// `[e2b]`: the E2B-compatible API (off unless `listen` is set), for the official E2B
     /// SDKs; see `crate::facade`.
     pub e2b: E2bConfig,
+    /// `[ports]`: sandbox ports served at `https://{port}-{sandbox}.{domain}` (local
+    /// sandboxes); see `crate::ports`.
+    pub ports: PortsConfig,
     /// What this process serves (`sandgate serve --role`, `SANDGATE_ROLE`); not a file key,
     /// so one configuration file serves every role of a deployment.
     #[serde(skip)]
@@ -595,6 +599,7 @@ impl Config {
         self.proxy.validate_tls()?;
         self.store.validate()?;
         self.e2b.validate()?;
+        self.ports.validate()?;
         if self.tls.leaf_validity_hours == 0 || self.tls.leaf_validity_hours > 24 * 90 {
             return Err(ConfigError::invalid(
                 "tls.leaf_validity_hours",
