@@ -251,7 +251,7 @@ async fn a_port_is_reached_through_its_url_and_refused_without_authorization() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), url);
-    let out = cli(&env, &["sandbox", "port", &id, "8000"]).await;
+    let out = cli(&env, &["sandbox", "port", &id, "8000", "-o", "table"]).await;
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         table.starts_with("URL") && table.contains(&token),
