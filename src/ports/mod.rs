@@ -31,7 +31,6 @@
 //! - **Metrics**: `sandgate_port_requests_total{outcome}` (a fixed set of outcomes, never a
 //!   sandbox id, host or port) and `sandgate_port_connections_shed_total`.
 
-pub mod config;
 mod forward;
 pub mod host;
 mod serve;
@@ -42,9 +41,9 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-pub use config::PortsConfig;
 pub use tls::{server_config, PortsCertError};
 
+use crate::config::PortsConfig;
 use crate::operations::OpsContext;
 
 /// How the gateway names a sandbox's ports, for the answers that hand out URLs (`/v1`, the

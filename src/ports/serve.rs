@@ -16,7 +16,8 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use super::host::{self, HostError, Target};
-use super::{Gateway, PortsConfig};
+use super::Gateway;
+use crate::config::PortsConfig;
 use crate::egress::ProxyBody;
 use crate::error::{Error, Kind};
 

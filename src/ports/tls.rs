@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rustls::server::ResolvesServerCert;
 use rustls::ServerConfig;
 
-use super::PortsConfig;
+use crate::config::PortsConfig;
 use crate::tls::leaf::LeafError;
 use crate::tls::served::{from_files, CertFileError, RenewingLeaf};
 use crate::tls::{FixedResolver, LeafMinter};
