@@ -34,6 +34,44 @@ class Echo(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
 "#;
 
+/// A WebSocket echo server for the sandbox (the standard library has none): the opening
+/// handshake, then each short text frame sent back unmasked, until a close frame.
+const WEBSOCKET_SERVER: &str = r#"
+import base64, hashlib, socket, sys
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+def exactly(c, n):
+    data = b""
+    while len(data) < n:
+        more = c.recv(n - len(data))
+        if not more:
+            raise EOFError
+        data += more
+    return data
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+while True:
+    c, _ = s.accept()
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += c.recv(4096)
+    key = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key:")][0]
+    accept = base64.b64encode(hashlib.sha1(key + GUID).digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    try:
+        while True:
+            first, second = exactly(c, 2)
+            mask = exactly(c, 4)
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(exactly(c, second & 127)))
+            if first & 15 == 8:
+                break
+            c.sendall(bytes([0x81, len(payload)]) + payload)
+    except EOFError:
+        pass
+    c.close()
+"#;
+
 /// Closes port 9000 for everyone, as a deployment's own action policy would.
 const CLOSE_9000: &str = r#"package sandgate.action
 
@@ -47,8 +85,13 @@ deny contains "the ports test closes port 9000" if {
 
 /// Starts the echo server on `port` in the background of sandbox `id`.
 async fn serve_echo(env: &Env, id: &str, port: u16) {
+    serve(env, id, ECHO_SERVER, port).await
+}
+
+/// Starts the Python `server` on `port` in the background of sandbox `id`.
+async fn serve(env: &Env, id: &str, server: &str, port: u16) {
     let script = format!(
-        "cat > /tmp/echo.py <<'EOF'\n{ECHO_SERVER}\nEOF\nnohup python3 /tmp/echo.py {port} >/tmp/echo-{port}.log 2>&1 &"
+        "cat > /tmp/server-{port}.py <<'EOF'\n{server}\nEOF\nnohup python3 /tmp/server-{port}.py {port} >/tmp/server-{port}.log 2>&1 &"
     );
     let response = env
         .exec_request(
@@ -421,6 +464,71 @@ async fn hostile_names_are_refused_by_name() {
         .metric("sandgate_port_requests_total{outcome=\"bad_request\"}")
         .await;
     assert!(refused >= 7.0, "{refused}");
+}
+
+/// A WebSocket through the ports gateway: the 101 comes back, then frames both ways over
+/// the spliced connection.
+#[tokio::test]
+async fn a_websocket_upgrade_is_spliced_both_ways() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    let Some(env) = start("ports_websocket", vec![]).await else {
+        return;
+    };
+    let id = env.create(TOKEN_A, json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    serve(&env, &id, WEBSOCKET_SERVER, 8002).await;
+    let (_, access) = port_access(&env, TOKEN_A, &id, "8002").await;
+    let token = access["token"].as_str().unwrap();
+    let host = format!("8002-{id}.sandgate.localhost");
+    let listener = env.gw.server.ports_addr().unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut env.gw.sandgate_ca_pem.as_slice()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut ws = loop {
+        let tcp = tokio::net::TcpStream::connect(listener).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from(host.clone()).unwrap();
+        let stream = connector.connect(name, tcp).await.unwrap();
+        let url = format!("wss://{host}:{}/socket", listener.port());
+        let mut request =
+            tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
+                .unwrap();
+        request
+            .headers_mut()
+            .insert("x-sandgate-port-token", token.parse().unwrap());
+        match tokio_tungstenite::client_async(request, stream).await {
+            Ok((ws, response)) => {
+                assert_eq!(response.status(), 101);
+                break ws;
+            }
+            // 502 `port_closed` while the server starts.
+            Err(e) => assert!(tokio::time::Instant::now() < deadline, "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for text in ["first", "second frame"] {
+        ws.send(Message::Text(text.into())).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("an answer within 10 s")
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.into_text().unwrap().as_str(), text);
+    }
+    ws.close(None).await.unwrap();
 }
 
 /// The E2B SDK's `get_host(port)` names the gateway's host for the port, and its
