@@ -805,4 +805,21 @@ mod tests {
             assert!(e.message.ends_with(named), "{}", e.message);
         }
     }
+
+    #[tokio::test]
+    async fn a_provider_whose_sandboxes_are_elsewhere_serves_no_ports() {
+        // Only the local provider's sandboxes run beside the ports gateway; the API answers
+        // the rest 501 `unsupported` naming `ports`.
+        let sim = simulated::SimulatedProvider::new("p", Default::default()).unwrap();
+        let e = sim.ports().unwrap_err();
+        assert_eq!(
+            (e.kind, e.code()),
+            (OpErrorKind::Unsupported, "unsupported")
+        );
+        assert!(e.message.ends_with("ports"), "{}", e.message);
+        let Err(e) = sim.connect_port("i-1", 8000).await else {
+            panic!("the simulated provider reached a port");
+        };
+        assert_eq!(e.kind, OpErrorKind::Unsupported);
+    }
 }

@@ -627,3 +627,69 @@ cgroup = "sandgate-ptest"
     drop(gw);
     drop(dir);
 }
+
+/// With `[ports] enabled = false` the local pool says so (`public_ports: false`), a create
+/// that needs public ports finds no pool, and a port's URL is 501 `unsupported`.
+#[tokio::test]
+async fn without_the_ports_gateway_the_pool_declares_no_public_ports() {
+    if !root_or_skip("local_ports::ports_off") {
+        return;
+    }
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let extra_toml = format!(
+        r#"
+[[api.tokens]]
+token = "{TOKEN_A}"
+principal = "alice"
+workspace = "ws-a"
+
+[ports]
+enabled = false
+
+[local]
+dir = "{dir}/sandboxes"
+snapshot_dir = "{dir}/snapshots"
+netns_prefix = "sgo-"
+cgroup = "sandgate-otest"
+"#,
+        dir = dir.path().display(),
+    );
+    let gw = Gateway::start(GatewayOptions {
+        identities: vec![],
+        extra_toml,
+        ..GatewayOptions::default()
+    })
+    .await;
+    assert_eq!(gw.server.ports_addr(), None);
+    let pools = gw.api_json("/v1/pools", TOKEN_A).await;
+    assert_eq!(public_ports_declared(&pools), Some(false), "{pools:#}");
+    let http = reqwest::Client::new();
+    let create = |body: Value| {
+        http.post(gw.api("/v1/sandboxes"))
+            .bearer_auth(TOKEN_A)
+            .json(&body)
+            .send()
+    };
+    let refused = create(json!({"features": {"public_ports": true}}))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 422, "{}", refused.text().await.unwrap());
+    let created: Value = create(json!({})).await.unwrap().json().await.unwrap();
+    let id = created["id"].as_str().unwrap();
+    let answer = http
+        .get(gw.api(&format!("/v1/sandboxes/{id}/ports/8000")))
+        .bearer_auth(TOKEN_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 501);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unsupported", "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("ports"),
+        "{body}"
+    );
+    drop(gw);
+    drop(dir);
+}
