@@ -274,7 +274,10 @@ pub struct E2bConfig {
     /// --e2b-listen`.
     pub listen: Option<SocketAddr>,
     /// The `domain` answered to the SDKs; envd is also reached as `49983-<id>.<domain>`
-    /// through a wildcard DNS name pointing at `listen`.
+    /// through a wildcard DNS name pointing at `listen`. While the ports gateway serves
+    /// (`[ports]`), the SDKs are told its domain instead (with its port unless 443), so that
+    /// `get_host(port)` names the gateway's host for that port; they then reach envd through
+    /// `E2B_SANDBOX_URL` (this facade's origin), as the SDKs are pointed anyway.
     pub domain: String,
     /// `X-API-Key` values (`e2b_<hex>`) and the principal each stands for.
     pub api_keys: Vec<E2bKeyConfig>,
