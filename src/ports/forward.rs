@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -36,8 +36,29 @@ pub(super) async fn forward(
             let server = hyper::upgrade::on(&mut response);
             tokio::spawn(splice(client, server));
         }
+    } else {
+        own_hop(&mut response);
     }
     Ok(response.map(|body| body.map_err(Into::into).boxed()))
+}
+
+/// The client's connection is a hop of its own: the server's connection headers (an
+/// HTTP/1.0 server's implicit close, `Connection: close`, `Keep-Alive`) do not end it.
+fn own_hop(response: &mut Response<Incoming>) {
+    *response.version_mut() = Version::HTTP_11;
+    let headers = response.headers_mut();
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    headers.remove(header::CONNECTION);
+    headers.remove("keep-alive");
 }
 
 /// `X-Forwarded-For` (the client's address appended), `-Proto` and `-Host`, so the server

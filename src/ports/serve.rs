@@ -63,6 +63,8 @@ pub(crate) async fn serve(
             metrics::counter!("sandgate_port_connections_shed_total").increment(1);
             continue;
         };
+        // Answers go out as they come (a response head and its body are separate writes).
+        let _ = stream.set_nodelay(true);
         let (acceptor, gateway) = (acceptor.clone(), gateway.clone());
         tokio::spawn(async move {
             serve_client(stream, peer, acceptor, gateway).await;

@@ -176,8 +176,16 @@ fn error_code(body: &str) -> String {
 /// curl, as a user would run it: `--cacert` the gateway's CA, the name resolved to the
 /// listener; (status, body).
 async fn curl(env: &Env, url: &str, headers: &[&str]) -> (u16, String) {
+    let text = curl_out(env, &[url], headers, "\n%{http_code}").await;
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (code.parse().unwrap(), body.to_string())
+}
+
+/// curl fetching `urls` in turn (one connection when it can), `-w write_out` after each:
+/// its standard output.
+async fn curl_out(env: &Env, urls: &[&str], headers: &[&str], write_out: &str) -> String {
     let listener: SocketAddr = env.gw.server.ports_addr().unwrap();
-    let host = url
+    let host = urls[0]
         .trim_start_matches("https://")
         .split(['/', ':'])
         .next()
@@ -191,19 +199,17 @@ async fn curl(env: &Env, url: &str, headers: &[&str]) -> (u16, String) {
         .arg(&ca)
         .arg("--resolve")
         .arg(format!("{host}:{}:127.0.0.1", listener.port()))
-        .args(["-w", "\n%{http_code}"]);
+        .args(["-w", write_out]);
     for header in headers {
         command.args(["-H", header]);
     }
-    let out = command.arg(url).output().await.expect("curl runs");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let out = command.args(urls).output().await.expect("curl runs");
     assert!(
         out.status.success(),
         "curl failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (body, code) = text.rsplit_once('\n').unwrap();
-    (code.parse().unwrap(), body.to_string())
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 /// The `sandgate` binary against the test's gateway, as `TOKEN_A`.
@@ -281,6 +287,16 @@ async fn a_port_is_reached_through_its_url_and_refused_without_authorization() {
     let (code, body) = curl(&env, &format!("{url}/from-curl"), &[&header]).await;
     assert_eq!(code, 200, "{body}");
     assert!(body.starts_with("path=/from-curl\n"), "{body}");
+    // The server speaks HTTP/1.0 (it closes after each answer); the client's connection
+    // is a hop of its own and stays open.
+    let (one, two) = (format!("{url}/one"), format!("{url}/two"));
+    let connects = curl_out(&env, &[&one, &two], &[&header], "|%{num_connects}").await;
+    let connects: Vec<String> = connects
+        .split('|')
+        .skip(1)
+        .map(|rest| rest.chars().take_while(char::is_ascii_digit).collect())
+        .collect();
+    assert_eq!(connects, ["1", "0"], "one connection for both requests");
     let (code, body) = curl(&env, url, &[]).await;
     assert_eq!(code, 401, "{body}");
     assert_eq!(error_code(&body), "port_token_required");
