@@ -256,7 +256,10 @@ impl Server {
             config.tls.leaf_cache_capacity,
         ));
         let proxy_tls = crate::egress::tls_server_config(&config.proxy, &minter)?;
-        let minter_for_ports = minter.clone();
+        let ports_tls = match &ports_listener {
+            Some(_) => Some(crate::ports::server_config(&config.ports, &minter)?),
+            None => None,
+        };
         let upstream_tls = crate::tls::upstream_client_config(&config.tls.upstream_ca_files)?;
         let ring = crate::decision_ring::DecisionRing::new(crate::decision_ring::RingLimits {
             max_records: config.log.decisions_ring,
@@ -300,13 +303,6 @@ impl Server {
                 tls,
             )));
         }
-        let ports_tls = match &ports_listener {
-            Some(_) => Some(crate::ports::server_config(
-                &config.ports,
-                &minter_for_ports,
-            )?),
-            None => None,
-        };
         let (topology, local) = routing_topology(&config, ports_listener.is_some())?;
         if !matches!(local, Some(Ok(_))) {
             // No local sandboxes here: no ports to serve.

@@ -10,7 +10,8 @@
 //! - **Each request through the ports gateway** ([`admit`]): with a valid token, policy
 //!   decides as principal `port-token` of the sandbox's workspace with `public: false`;
 //!   without one, as principal `anonymous` (no workspace) with `public: true`. A refused
-//!   tokenless request is 401 `port_token_required` (with the policy's reasons); a token
+//!   tokenless request is 401 `port_token_required` (without the policy's reasons, which
+//!   only the decision log keeps: anyone may send it); a token
 //!   that is not this port's is 401 `port_token_invalid`, before policy. Every decision
 //!   is written to the decision log like any other action.
 //!
@@ -24,7 +25,7 @@ use std::sync::Arc;
 use super::authorize::{authorize, authorize_located, instance, op_error};
 use super::{Layer, OperationDetail, OpsContext, Principal};
 use crate::create::Located;
-use crate::error::{Error, Kind};
+use crate::error::{Details, Error, Kind};
 use crate::providers::Provider;
 
 /// The principal a tokenless request is decided as.
@@ -150,8 +151,10 @@ async fn admit(
         states,
     ) {
         Err(e) if public && e.code == "policy_denied" => {
-            // The policy's reasons and decision stay; only the answer says what would help.
-            let mut refusal = Error::new(
+            // Anyone may send this request: the answer names the layer and operation but
+            // not the policy's reasons (they may name workspaces and rules); the decision
+            // log keeps them.
+            let refusal = Error::new(
                 Kind::Unauthenticated,
                 "port_token_required",
                 format!(
@@ -159,8 +162,11 @@ async fn admit(
                      X-Sandgate-Port-Token header"
                 ),
             );
-            refusal.details = e.details;
-            Err(refusal)
+            Err(refusal.with_details(Details {
+                layer: e.details.layer,
+                operation: e.details.operation.clone(),
+                ..Details::default()
+            }))
         }
         other => other,
     }

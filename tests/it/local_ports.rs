@@ -301,6 +301,8 @@ async fn a_port_is_reached_through_its_url_and_refused_without_authorization() {
     assert_eq!(code, 401, "{body}");
     assert_eq!(error_code(&body), "port_token_required");
     assert!(body.contains("is not public"), "{body}");
+    // Anyone may ask: the policy's reasons (here naming the workspace) are not told.
+    assert!(!body.contains("ws-a"), "{body}");
 
     // The CLI prints the same URL (`-q`: only it) and, as a table, the token.
     let out = cli(&env, &["sandbox", "port", &id, "8000", "-q"]).await;
