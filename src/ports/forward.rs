@@ -22,6 +22,14 @@ pub(super) async fn forward(
     let client_upgrade =
         crate::egress::is_upgrade(&request).then(|| hyper::upgrade::on(&mut request));
     add_forwarded(&mut request, peer);
+    // The server gets the origin form (`/path?query`), whatever form the client sent.
+    let origin_form = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .parse()
+        .unwrap_or_else(|_| http::Uri::from_static("/"));
+    *request.uri_mut() = origin_form;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(upstream))
         .await
         .map_err(failed)?;

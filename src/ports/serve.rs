@@ -152,8 +152,8 @@ async fn route(
     super::forward::forward(request, upstream, peer).await
 }
 
-/// The port and sandbox the request is for: its `Host` (or absolute URI authority), which
-/// must name what the connection's TLS server name named.
+/// The port and sandbox the request is for: its `Host` (and the authority of an
+/// absolute-form target), which must name what the connection's TLS server name named.
 fn target(
     gateway: &Gateway,
     sni: Option<&str>,
@@ -172,14 +172,18 @@ fn target(
         .headers()
         .get(http::header::HOST)
         .and_then(|v| v.to_str().ok())
-        .or_else(|| request.uri().authority().map(|a| a.as_str()))
         .unwrap_or("");
     let from_host = host::parse(named, &gateway.domain).map_err(invalid)?;
-    if from_host != from_sni {
+    // An absolute-form request names its target a second time: it must agree too.
+    let from_uri = match request.uri().authority() {
+        Some(authority) => Some(host::parse(authority.as_str(), &gateway.domain).map_err(invalid)?),
+        None => None,
+    };
+    if from_host != from_sni || from_uri.is_some_and(|t| t != from_sni) {
         return Err(Error::new(
             Kind::Misdirected,
             "misdirected",
-            "the Host header names another port or sandbox than the TLS server name",
+            "the request names another port or sandbox than the TLS server name",
         ));
     }
     Ok(from_host)

@@ -176,14 +176,25 @@ fn error_code(body: &str) -> String {
 /// curl, as a user would run it: `--cacert` the gateway's CA, the name resolved to the
 /// listener; (status, body).
 async fn curl(env: &Env, url: &str, headers: &[&str]) -> (u16, String) {
-    let text = curl_out(env, &[url], headers, "\n%{http_code}").await;
+    curl_with(env, url, headers, &[]).await
+}
+
+/// [`curl`] with more of its arguments.
+async fn curl_with(env: &Env, url: &str, headers: &[&str], args: &[&str]) -> (u16, String) {
+    let text = curl_out(
+        env,
+        &[url],
+        headers,
+        &[&["-w", "\n%{http_code}"], args].concat(),
+    )
+    .await;
     let (body, code) = text.rsplit_once('\n').unwrap();
     (code.parse().unwrap(), body.to_string())
 }
 
 /// curl fetching `urls` in turn (one connection when it can), `-w write_out` after each:
 /// its standard output.
-async fn curl_out(env: &Env, urls: &[&str], headers: &[&str], write_out: &str) -> String {
+async fn curl_out(env: &Env, urls: &[&str], headers: &[&str], args: &[&str]) -> String {
     let listener: SocketAddr = env.gw.server.ports_addr().unwrap();
     let host = urls[0]
         .trim_start_matches("https://")
@@ -199,7 +210,7 @@ async fn curl_out(env: &Env, urls: &[&str], headers: &[&str], write_out: &str) -
         .arg(&ca)
         .arg("--resolve")
         .arg(format!("{host}:{}:127.0.0.1", listener.port()))
-        .args(["-w", write_out]);
+        .args(args);
     for header in headers {
         command.args(["-H", header]);
     }
@@ -287,10 +298,23 @@ async fn a_port_is_reached_through_its_url_and_refused_without_authorization() {
     let (code, body) = curl(&env, &format!("{url}/from-curl"), &[&header]).await;
     assert_eq!(code, 200, "{body}");
     assert!(body.starts_with("path=/from-curl\n"), "{body}");
+    // An absolute-form target is taken only for the same port, and forwarded in origin form.
+    let absolute = format!("{url}/absolute?x=2");
+    let (code, body) = curl_with(&env, url, &[&header], &["--request-target", &absolute]).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.starts_with("path=/absolute?x=2\n"), "{body}");
+    let elsewhere = format!("https://8000-{other}.sandgate.localhost:{listener}/");
+    let (code, body) = curl_with(&env, url, &[&header], &["--request-target", &elsewhere]).await;
+    assert_eq!(
+        (code, error_code(&body).as_str()),
+        (421, "misdirected"),
+        "{body}"
+    );
+
     // The server speaks HTTP/1.0 (it closes after each answer); the client's connection
     // is a hop of its own and stays open.
     let (one, two) = (format!("{url}/one"), format!("{url}/two"));
-    let connects = curl_out(&env, &[&one, &two], &[&header], "|%{num_connects}").await;
+    let connects = curl_out(&env, &[&one, &two], &[&header], &["-w", "|%{num_connects}"]).await;
     let connects: Vec<String> = connects
         .split('|')
         .skip(1)
