@@ -12,6 +12,13 @@
 # - A workspace may restrict who its commands run as with
 #   `data.sandgate.workspaces[<ws>].exec_users` (e.g. ["user"]: never `root`, even where the
 #   pool declares it); `null` in `input.exec.user` is the pool's default user, `user`.
+# - Ports (operation `ports`, `input.port = {"number", "public"}`): a principal of the
+#   workspace may open any port of its sandboxes (and gets a token for it); a request
+#   through the ports gateway without a token (`input.port.public`, principal `anonymous`)
+#   is allowed only for the ports listed in
+#   `data.sandgate.workspaces[<ws>].public_ports` (e.g. [3000, 8080]). A request with a
+#   token acts as principal `port-token` of the sandbox's workspace, so
+#   `blocked_operations: ["ports"]` closes every port at once, tokens included.
 #
 # Input reference: policies/README.md ("Layers `sandgate.lifecycle` and `sandgate.action`").
 package sandgate.action
@@ -35,6 +42,7 @@ deny contains msg if {
 deny contains msg if {
 	input.principal.workspace != input.workspace
 	not "admin" in input.principal.roles
+	not public_port_request
 	msg := sprintf("principal %s may not act on sandboxes of workspace %s", [input.principal.principal, input.workspace])
 }
 
@@ -76,3 +84,23 @@ deny contains msg if {
 default_user(null) := "user"
 
 default_user(u) := u if u != null
+
+# A request through the ports gateway that carries no token: no principal vouches for it,
+# so only the workspace's public ports are open to it.
+public_port_request if {
+	input.operation == "ports"
+	input.port.public == true
+}
+
+public_ports := object.get(data.sandgate.workspaces, [input.workspace, "public_ports"], [])
+
+allow if {
+	public_port_request
+	input.port.number in public_ports
+}
+
+deny contains msg if {
+	public_port_request
+	not input.port.number in public_ports
+	msg := sprintf("port %d of sandbox %s is not public in workspace %s: present its token (GET /v1/sandboxes/%s/ports/%d)", [input.port.number, input.sandbox.id, input.workspace, input.sandbox.id, input.port.number])
+}

@@ -92,3 +92,41 @@ test_exec_users_restricts_who_commands_run_as if {
 		with data.sandgate.workspaces as {"ws-a": {"exec_users": ["user", "root"]}}
 	count(action.deny) == 0 with input as as_root
 }
+
+port_request(principal, ws, number, public) := {
+	"operation": "ports",
+	"principal": principal,
+	"workspace": "ws-a",
+	"sandbox": {"id": "sb-1", "workspace": "ws-a", "labels": {}, "state": "running", "pool": "local"},
+	"port": {"number": number, "public": public},
+}
+
+anonymous := {"principal": "anonymous", "workspace": "", "roles": []}
+
+port_token := {"principal": "port-token", "workspace": "ws-a", "roles": []}
+
+test_a_workspace_principal_opens_any_port if {
+	alice := {"principal": "alice", "workspace": "ws-a", "roles": []}
+	action.allow with input as port_request(alice, "ws-a", 8000, false)
+	count(action.deny) == 0 with input as port_request(alice, "ws-a", 8000, false)
+	bob := {"principal": "bob", "workspace": "ws-b", "roles": []}
+	count(action.deny) == 1 with input as port_request(bob, "ws-a", 8000, false)
+}
+
+test_a_port_is_public_only_when_the_workspace_lists_it if {
+	public := {"ws-a": {"public_ports": [3000]}}
+	action.allow with input as port_request(anonymous, "ws-a", 3000, true) with data.sandgate.workspaces as public
+	count(action.deny) == 0 with input as port_request(anonymous, "ws-a", 3000, true) with data.sandgate.workspaces as public
+	not action.allow with input as port_request(anonymous, "ws-a", 8000, true) with data.sandgate.workspaces as public
+	count(action.deny) == 1 with input as port_request(anonymous, "ws-a", 8000, true) with data.sandgate.workspaces as public
+	not action.allow with input as port_request(anonymous, "ws-a", 3000, true)
+	# Not public: `public` is what a tokenless request asks, never granted by saying false.
+	not action.allow with input as port_request(anonymous, "ws-a", 3000, false) with data.sandgate.workspaces as public
+}
+
+test_blocking_ports_closes_tokens_and_public_ports if {
+	blocked := {"ws-a": {"blocked_operations": ["ports"], "public_ports": [3000]}}
+	count(action.deny) == 1 with input as port_request(port_token, "ws-a", 8000, false) with data.sandgate.workspaces as blocked
+	count(action.deny) == 1 with input as port_request(anonymous, "ws-a", 3000, true) with data.sandgate.workspaces as blocked
+	count(action.deny) == 0 with input as port_request(port_token, "ws-a", 8000, false)
+}

@@ -26,6 +26,7 @@ pub mod net;
 pub mod operations;
 pub mod ops;
 pub mod policy;
+pub mod ports;
 pub mod propagation;
 pub mod providers;
 pub mod rekey;

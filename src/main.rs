@@ -219,6 +219,10 @@ struct ListenArgs {
     /// The proxy's TLS listener (overrides `[proxy] tls_listen`), e.g. 0.0.0.0:3129.
     #[arg(long, value_name = "ADDR")]
     tls_listen: Option<std::net::SocketAddr>,
+    /// The ports gateway's address (overrides `[ports] listen`), e.g. 127.0.0.1:7443; a
+    /// failure to bind it then fails the start.
+    #[arg(long, value_name = "ADDR")]
+    ports_listen: Option<std::net::SocketAddr>,
 }
 
 impl ListenArgs {
@@ -231,6 +235,9 @@ impl ListenArgs {
         }
         if let Some(addr) = self.tls_listen {
             config.proxy.tls_listen = Some(addr);
+        }
+        if let Some(addr) = self.ports_listen {
+            config.ports.listen = Some(addr);
         }
     }
 }

@@ -69,6 +69,8 @@ pub enum StartError {
     Telemetry(#[from] crate::telemetry::OtlpError),
     #[error(transparent)]
     ProxyTls(#[from] crate::egress::ListenerCertError),
+    #[error(transparent)]
+    PortsTls(#[from] crate::ports::PortsCertError),
     #[error("starting the proxy worker threads: {0}")]
     ProxyWorkers(std::io::Error),
     #[error("writing the bundled policies to {dir}: {source}")]
@@ -122,6 +124,7 @@ pub struct Server {
     proxy_tls_addr: Option<SocketAddr>,
     api_addr: SocketAddr,
     e2b_addr: Option<SocketAddr>,
+    ports_addr: Option<SocketAddr>,
     ca_cert_path: PathBuf,
     pub egress: Arc<EgressState>,
     /// The sandbox creation coordinator (tests reach the simulated providers through it).
@@ -224,9 +227,20 @@ impl Server {
             Some((addr, listener)) => Some(local_addr("e2b", *addr, listener)?),
             None => None,
         };
+        let mut ports_listener = bind_ports(&config).await?;
+        let ports_addr = match &ports_listener {
+            Some((addr, listener)) => Some(local_addr("ports", *addr, listener)?),
+            None => None,
+        };
 
         // Every listener is sandgate itself: never a destination.
-        let own_listeners = [Some(proxy_addr), proxy_tls_addr, Some(api_addr), e2b_addr];
+        let own_listeners = [
+            Some(proxy_addr),
+            proxy_tls_addr,
+            Some(api_addr),
+            e2b_addr,
+            ports_addr,
+        ];
         let guard = AddressGuard::new(
             config.egress.allow_private.clone(),
             own_listeners.into_iter().flatten().collect(),
@@ -242,6 +256,10 @@ impl Server {
             config.tls.leaf_cache_capacity,
         ));
         let proxy_tls = crate::egress::tls_server_config(&config.proxy, &minter)?;
+        let ports_tls = match &ports_listener {
+            Some(_) => Some(crate::ports::server_config(&config.ports, &minter)?),
+            None => None,
+        };
         let upstream_tls = crate::tls::upstream_client_config(&config.tls.upstream_ca_files)?;
         let ring = crate::decision_ring::DecisionRing::new(crate::decision_ring::RingLimits {
             max_records: config.log.decisions_ring,
@@ -285,7 +303,11 @@ impl Server {
                 tls,
             )));
         }
-        let (topology, local) = routing_topology(&config)?;
+        let (topology, local) = routing_topology(&config, ports_listener.is_some())?;
+        if !matches!(local, Some(Ok(_))) {
+            // No local sandboxes here: no ports to serve.
+            ports_listener = None;
+        }
         let topology = Arc::new(topology);
         let mut providers = crate::providers::ProviderRegistry::from_config(
             &config.simulated,
@@ -315,7 +337,8 @@ impl Server {
                         &config.local,
                     )
                     .await
-                    .map_err(|e| StartError::Local(e.to_string()))?;
+                    .map_err(|e| StartError::Local(e.to_string()))?
+                    .with_public_ports(ports_listener.is_some());
                     Arc::new(provider)
                 }
                 Err(reason) => {
@@ -390,7 +413,23 @@ impl Server {
             auth: Arc::new(api_auth(&config)?),
             sandboxes: sandboxes.clone(),
         };
+        let port_urls = match (&ports_listener, ports_addr) {
+            (Some(_), Some(bound)) => Some(crate::ports::PortUrls::new(
+                &config.ports.domain,
+                crate::ports::url_port(&config.ports, bound),
+            )),
+            _ => None,
+        };
+        if let (Some((_, listener)), Some(tls)) = (ports_listener, ports_tls) {
+            tasks.push(crate::ports::spawn(
+                listener,
+                tls,
+                &config.ports,
+                ops.clone(),
+            ));
+        }
         let state = crate::api::ApiState {
+            ports: port_urls.clone(),
             ops: ops.clone(),
             metrics,
             proxy_addr,
@@ -411,7 +450,8 @@ impl Server {
         };
         if let Some((_, listener)) = e2b_listener {
             let key_file = local_e2b_key_file(&config);
-            let facade = crate::facade::FacadeState::new(ops, &config.e2b, &key_file)?;
+            let facade = crate::facade::FacadeState::new(ops, &config.e2b, &key_file)?
+                .with_ports(port_urls.clone());
             tasks.push(tokio::spawn(crate::api::listener::serve(
                 listener,
                 crate::facade::router(facade),
@@ -437,6 +477,7 @@ impl Server {
             proxy_tls = proxy_tls_addr.map(tracing::field::display),
             api = %api_addr,
             e2b = e2b_addr.map(tracing::field::display),
+            ports = port_urls.as_ref().map(|u| tracing::field::display(u.pattern())),
             "sandgate is serving"
         );
         Ok(Server {
@@ -444,6 +485,7 @@ impl Server {
             proxy_tls_addr,
             api_addr,
             e2b_addr,
+            ports_addr: port_urls.as_ref().and(ports_addr),
             ca_cert_path,
             egress,
             sandboxes,
@@ -472,6 +514,11 @@ impl Server {
     /// The E2B facade's address (`[e2b] listen`), when it serves.
     pub fn e2b_addr(&self) -> Option<SocketAddr> {
         self.e2b_addr
+    }
+
+    /// The ports gateway's address (`[ports] listen`), when it serves.
+    pub fn ports_addr(&self) -> Option<SocketAddr> {
+        self.ports_addr
     }
 
     /// The CA certificate sandboxes must trust.
@@ -692,19 +739,11 @@ pub type LocalRuntimeResult = Option<Result<Arc<crate::localbox::LocalRuntime>, 
 /// route explain` compiles through here too, so it sees the pools the server sees.
 pub fn routing_topology(
     config: &Config,
+    ports_serving: bool,
 ) -> Result<(sandgate_router::Topology, LocalRuntimeResult), StartError> {
     let mut router_config = config.router_config();
     // The providers of kind `local`, by name: their pools declare this machine's facts.
-    let local_providers: Vec<String> = router_config
-        .providers
-        .iter()
-        .filter(|p| {
-            p.kind
-                .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
-                == Some(sandgate_router::ProviderKind::Local)
-        })
-        .map(|p| p.name.clone())
-        .collect();
+    let local_providers = local_provider_names(&router_config);
     let local = (!local_providers.is_empty()).then(|| {
         crate::localbox::LocalRuntime::new(crate::providers::local::runtime_config(&config.local))
             .map(Arc::new)
@@ -723,10 +762,63 @@ pub fn routing_topology(
             declare_machine_facts(pool, &caps, config);
         }
     }
+    // Ports are public only where the ports gateway serves them (a runtime, a listener).
+    if !(ports_serving && matches!(local, Some(Ok(_)))) {
+        for pool in router_config
+            .pools
+            .iter_mut()
+            .filter(|p| local_providers.contains(&p.provider))
+        {
+            let features = pool.features.get_or_insert_with(Default::default);
+            if let Some(slot) = features.slot("features.public_ports") {
+                *slot = Some(false);
+            }
+        }
+    }
     let topology = router_config
         .compile()
         .map_err(|e| StartError::Routing(e.to_string()))?;
     Ok((topology, local))
+}
+
+/// The names of the providers of kind `local`.
+fn local_provider_names(router_config: &sandgate_router::RouterConfig) -> Vec<String> {
+    router_config
+        .providers
+        .iter()
+        .filter(|p| {
+            p.kind
+                .or_else(|| sandgate_router::ProviderKind::from_name(&p.name))
+                == Some(sandgate_router::ProviderKind::Local)
+        })
+        .map(|p| p.name.clone())
+        .collect()
+}
+
+/// `[ports]`: the ports gateway's listener, on a control-plane replica with local pools,
+/// unless disabled. A configured address that cannot be bound fails the start; the default
+/// one, taken by something else, is said and the gateway serves without ports (its local
+/// pools then declare `public_ports = false`).
+async fn bind_ports(config: &Config) -> Result<Option<(SocketAddr, TcpListener)>, StartError> {
+    if !config.ports.enabled
+        || !config.role.serves_api()
+        || local_provider_names(&config.router_config()).is_empty()
+    {
+        return Ok(None);
+    }
+    let (addr, configured) = config.ports.listen_addr();
+    match TcpListener::bind(addr).await {
+        Ok(listener) => Ok(Some((addr, listener))),
+        Err(source) if !configured => {
+            tracing::warn!(%addr, error = %source, "the ports gateway's default address is taken: sandbox ports are not served (set [ports] listen to another address, or enabled = false)");
+            Ok(None)
+        }
+        Err(source) => Err(StartError::Bind {
+            what: "ports",
+            addr,
+            source,
+        }),
+    }
 }
 
 /// The default local pool's resources: what this machine can hold a sandbox to (its CPUs

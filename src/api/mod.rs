@@ -19,6 +19,7 @@ pub mod identities;
 pub mod listener;
 pub mod policies;
 pub mod pools;
+pub mod ports;
 pub mod pty;
 pub mod request_id;
 pub mod routes;
@@ -64,6 +65,8 @@ pub struct ApiState {
     pub replica: Arc<crate::replicas::Replica>,
     /// Recent decision records (`GET /v1/decisions`, `/v1/decisions/stream`).
     pub decisions: decisions::Decisions,
+    /// How the ports gateway names ports, when it serves (`GET .../ports/{port}`).
+    pub ports: Option<crate::ports::PortUrls>,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -75,6 +78,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(sandboxes::routes())
         .merge(sandbox_ops::routes())
         .merge(pty::routes())
+        .merge(ports::routes())
         .merge(delegations::routes())
         .merge(events::routes())
         .merge(decisions::routes())

@@ -11,10 +11,11 @@ use super::sandbox::reply;
 use super::{encode, run_client, GatewayArgs};
 
 /// What a delegation may allow (the API's list).
-const ACTIONS: [&str; 13] = [
+const ACTIONS: [&str; 14] = [
     "exec",
     "pty",
     "stdin",
+    "ports",
     "files.read",
     "files.write",
     "files.list",

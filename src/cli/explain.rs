@@ -215,7 +215,7 @@ async fn from_store(
     body: &CreateBody,
     workspace: Option<&str>,
 ) -> Result<Value, CliError> {
-    let (topology, _local) = crate::server::routing_topology(config)
+    let (topology, _local) = crate::server::routing_topology(config, config.ports.enabled)
         .map_err(|e| CliError::Usage(format!("the configuration's pools are invalid: {e}")))?;
     let workspace = body.workspace.as_deref().or(workspace);
     // A Postgres store always exists (it is a server); a SQLite file may not have been

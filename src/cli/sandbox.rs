@@ -145,6 +145,20 @@ pub enum SandboxCommand {
         #[arg(last = true, value_name = "COMMAND")]
         argv: Vec<String>,
     },
+    /// Show the URL of a port the sandbox serves, reached through the gateway's ports
+    /// listener, whether it is public, and its token (send it as X-Sandgate-Port-Token).
+    /// Needs the `ports` action. With `-q`, only the URL.
+    ///
+    /// Examples:
+    ///   sandgate sandbox port sb-0123 8000
+    ///   curl --cacert certs/ca.pem -H "X-Sandgate-Port-Token: $TOKEN" "$(sandgate sandbox port sb-0123 8000 -q)"
+    #[command(verbatim_doc_comment)]
+    Port {
+        /// The sandbox id.
+        id: String,
+        /// The port inside the sandbox (1 to 65535).
+        port: u16,
+    },
     /// Stop a sandbox: every process is killed, files stay.
     ///
     /// Example:
@@ -336,6 +350,11 @@ pub(super) async fn run(api: &Api, out: &OutputArgs, cmd: SandboxCommand) -> Res
                 argv,
             };
             return super::shell::shell(api, out, &id, options).await;
+        }
+        SandboxCommand::Port { id, port } => {
+            let url = format!("{}/v1/sandboxes/{}/ports/{port}", api.base, encode(&id));
+            let (status, body) = api.send(api.http.get(&url), &url).await?;
+            return Ok(reply(out, status, &body, &shapes::PORT));
         }
         SandboxCommand::Stop { id } => lifecycle(api, &id, "stop").await?,
         SandboxCommand::Start { id } => lifecycle(api, &id, "start").await?,

@@ -30,6 +30,21 @@ pub(super) const SNAPSHOT: Shape = Shape {
     id,
 };
 
+/// `sandbox port`: `{url, host, port, public, token, token_header}`. `-q` prints the URL.
+pub(super) const PORT: Shape = Shape {
+    header: &["URL", "PUBLIC", "TOKEN"],
+    wide: &["HEADER"],
+    items: single,
+    row: |p, wide| {
+        let mut cells = vec![cell(&p["url"]), cell(&p["public"]), cell(&p["token"])];
+        if wide {
+            cells.push(cell(&p["token_header"]));
+        }
+        cells
+    },
+    id: |p| cell(&p["url"]),
+};
+
 /// An answer with no table (a dry-run plan): JSON even with `-o table`.
 pub(super) const DOCUMENT: Shape = Shape {
     header: &[],

@@ -206,6 +206,30 @@ impl MasterKey {
         let tag = hmac::sign(&self.placeholder_key, message.as_bytes());
         hex(&tag.as_ref()[..24])
     }
+
+    /// The token that opens `port` of a sandbox through the ports gateway (`None`: every
+    /// port of it, the E2B facade's `trafficAccessToken`). Derived like
+    /// [`MasterKey::envd_token`], so nothing is stored and every replica agrees; its
+    /// message starts with its own label, so it never equals another derived value.
+    pub fn port_token(&self, sandbox_id: &str, port: Option<u16>) -> String {
+        let scope = port.map_or_else(|| "*".to_string(), |p| p.to_string());
+        let message = format!("sandgate-port-token\n{sandbox_id}\n{scope}");
+        let tag = hmac::sign(&self.placeholder_key, message.as_bytes());
+        format!("sgp_{}", hex(&tag.as_ref()[..24]))
+    }
+
+    /// Whether `presented` opens `port` of the sandbox: its own port's token or the
+    /// sandbox-wide one, compared in constant time.
+    pub fn port_token_matches(&self, sandbox_id: &str, port: u16, presented: &str) -> bool {
+        let presented = presented.as_bytes();
+        [Some(port), None].into_iter().any(|scope| {
+            let expected = self.port_token(sandbox_id, scope);
+            bool::from(subtle::ConstantTimeEq::ct_eq(
+                expected.as_bytes(),
+                presented,
+            ))
+        })
+    }
 }
 
 /// Every placeholder starts with the prefix and is the prefix plus 40 hex characters
@@ -294,6 +318,24 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_port_token_opens_its_own_port_of_its_own_sandbox_only() {
+        let key = MasterKey::from_bytes(&[7u8; 32]).unwrap();
+        let token = key.port_token("sb-1", Some(8000));
+        assert!(token.starts_with("sgp_") && token.len() == 52, "{token}");
+        assert!(key.port_token_matches("sb-1", 8000, &token));
+        assert!(!key.port_token_matches("sb-1", 8001, &token));
+        assert!(!key.port_token_matches("sb-2", 8000, &token));
+        assert!(!key.port_token_matches("sb-1", 8000, &token[..51]));
+        assert!(!key.port_token_matches("sb-1", 8000, ""));
+        let every = key.port_token("sb-1", None);
+        assert!(key.port_token_matches("sb-1", 1, &every));
+        assert!(!key.port_token_matches("sb-2", 1, &every));
+        let other = MasterKey::from_bytes(&[8u8; 32]).unwrap();
+        assert!(!other.port_token_matches("sb-1", 8000, &token));
+        assert_ne!(token, key.envd_token("sb-1"));
+    }
 
     #[test]
     fn seal_round_trips_and_binds_context() {

@@ -51,3 +51,4 @@ pub use body::{BoxError, ProxyBody};
 pub use state::{EgressDeps, EgressState};
 pub use tls_cert::{server_config as tls_server_config, ListenerCertError};
 pub use tls_listener::serve_tls;
+pub(crate) use websocket::is_upgrade;

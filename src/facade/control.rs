@@ -444,8 +444,8 @@ fn created(state: &FacadeState, row: &SandboxRow) -> CreatedSandbox {
         client_id: CLIENT_ID.into(),
         envd_version: ENVD_VERSION.into(),
         envd_access_token: Some(state.envd_token(&row.id)),
-        domain: Some(state.domain.to_string()),
-        traffic_access_token: None,
+        domain: Some(state.answered_domain()),
+        traffic_access_token: state.traffic_token(&row.id),
     }
 }
 
@@ -481,7 +481,7 @@ async fn detail(
     Json(SandboxDetail {
         listed: listed(&row),
         envd_access_token: Some(state.envd_token(&row.id)),
-        domain: Some(state.domain.to_string()),
+        domain: Some(state.answered_domain()),
         allow_internet_access: confined(&state, &row).then_some(false),
         network: Some(network(&row)),
     })

@@ -53,6 +53,10 @@ pub struct FacadeState {
     pub allow_out: Arc<[String]>,
     /// The keys of `[[e2b.api_keys]]` that set their own `allow_out`, and that list.
     pub key_allow_out: Arc<HashMap<String, Vec<String>>>,
+    /// The ports gateway, when it serves: the `domain` answered is then its own, so the
+    /// SDKs' `get_host(port)` names the gateway's host for that port, and
+    /// `trafficAccessToken` opens every port of the sandbox.
+    pub ports: Option<crate::ports::PortUrls>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +89,7 @@ impl FacadeState {
             processes: Arc::default(),
             allow_out: config.allow_out.clone().into(),
             key_allow_out: Arc::new(key_allow_out),
+            ports: None,
         })
     }
 
@@ -100,6 +105,29 @@ impl FacadeState {
     /// The envd access token of sandbox `id`.
     pub fn envd_token(&self, id: &str) -> String {
         self.ops.credentials.key().envd_token(id)
+    }
+
+    /// Serves with the ports gateway's names (see [`FacadeState::ports`]).
+    pub fn with_ports(mut self, ports: Option<crate::ports::PortUrls>) -> FacadeState {
+        self.ports = ports;
+        self
+    }
+
+    /// The `domain` the SDKs are told: the ports gateway's when it serves (so
+    /// `get_host(port)` is its host for that port), else `[e2b] domain`.
+    pub fn answered_domain(&self) -> String {
+        match &self.ports {
+            Some(urls) => urls.e2b_domain(),
+            None => self.domain.to_string(),
+        }
+    }
+
+    /// `trafficAccessToken`: the token that opens every port of sandbox `id` through the
+    /// ports gateway, when it serves.
+    pub fn traffic_token(&self, id: &str) -> Option<String> {
+        self.ports
+            .as_ref()
+            .map(|_| self.ops.credentials.key().port_token(id, None))
     }
 
     /// The principal a sandbox's envd calls act as: its creator, as configured now (an E2B

@@ -83,13 +83,13 @@ mod enter;
 mod exec;
 mod fs;
 mod limits;
+mod netns;
 mod pty;
 mod recover;
 pub mod seccomp;
 mod usage;
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -103,6 +103,8 @@ use tokio::process::Command;
 pub use cgroup::CgroupMode;
 pub use exec::{ExecCanceller, ExecEvent, ExecHandle, ExecOutput, ExitInfo, ExitReason};
 pub use limits::LimitHits;
+use netns::bind_in_netns;
+pub use netns::ConnectError;
 pub use pty::{signal_number, ExecInput, WinSize, ALLOWED_SIGNALS};
 pub use recover::{Recovered, Unrecoverable};
 pub use usage::Usage;
@@ -1011,6 +1013,27 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
         self.with_files(id, move |f| f.mkdir(&path, parents)).await
     }
 
+    /// A connection to `port` on the sandbox's own loopback (what it serves there, on
+    /// `127.0.0.1`, `::1` or every address), made from inside its network namespace: how
+    /// the gateway reaches a sandbox's ports. The sandbox must be running.
+    pub async fn connect_port(
+        &self,
+        id: &str,
+        port: u16,
+    ) -> std::result::Result<tokio::net::TcpStream, ConnectError> {
+        let sandbox = self.get(id)?;
+        let status = sandbox.life.lock().await.status;
+        if status != SandboxStatus::Running {
+            return Err(ConnectError::Setup(LocalboxError::State {
+                id: id.to_string(),
+                status,
+                op: "connecting to a port",
+                needed: "running",
+            }));
+        }
+        netns::connect_in_netns(&sandbox.netns, port).await
+    }
+
     pub async fn status(&self, id: &str) -> Result<SandboxStatus> {
         Ok(self.get(id)?.life.lock().await.status)
     }
@@ -1398,36 +1421,6 @@ fn join_cgroups_before_exec(cmd: &mut Command, files: Vec<std::ffi::CString>) {
             Ok(())
         });
     }
-}
-
-/// Binds `127.0.0.1:port` inside a network namespace. The socket is created on a
-/// dedicated thread that entered the namespace (and then ends), so no pooled thread ever
-/// changes namespace.
-async fn bind_in_netns(netns: &str, port: u16) -> Result<tokio::net::TcpListener> {
-    let path = Path::new("/run/netns").join(netns);
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("localbox-bind".into())
-        .spawn(move || {
-            let result = (|| -> std::io::Result<std::net::TcpListener> {
-                let ns = std::fs::File::open(&path)?;
-                // SAFETY: setns on a valid namespace fd affects only this thread.
-                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
-                listener.set_nonblocking(true)?;
-                Ok(listener)
-            })();
-            let _ = tx.send(result);
-        })
-        .map_err(|e| LocalboxError::setup("binding the proxy listener", e))?;
-    let listener = rx
-        .await
-        .map_err(|e| LocalboxError::setup("binding the proxy listener", e))?
-        .map_err(|e| LocalboxError::setup("binding the proxy listener", e))?;
-    tokio::net::TcpListener::from_std(listener)
-        .map_err(|e| LocalboxError::setup("binding the proxy listener", e))
 }
 
 /// Runs a host command to completion; the error carries its stderr.

@@ -96,6 +96,21 @@ pub async fn authorize(
         Some(l) if caller.may_manage(&l.row.workspace) => l,
         _ => return Err(not_found(id)),
     };
+    authorize_located(ctx, caller, located, layer, operation, detail, states)
+}
+
+/// Steps 2 and 3 on a sandbox already found, for a caller that is no principal of the
+/// API (the ports gateway's requests, see [`super::ports`]).
+pub(crate) fn authorize_located(
+    ctx: &OpsContext,
+    caller: &Principal,
+    located: Located,
+    layer: Layer,
+    operation: &str,
+    detail: OperationDetail<'_>,
+    states: &[&str],
+) -> Result<(Located, Arc<dyn Provider>), Error> {
+    let id = located.row.id.as_str();
     decide(ctx, caller, &located, layer, operation, detail)?;
     let row = &located.row;
     if !states.contains(&row.state.as_str()) {
@@ -148,7 +163,7 @@ fn check_delegation_scope(caller: &Principal, id: &str, operation: &str) -> Resu
 }
 
 /// Step 2: the policy layer's decision on `operation`; a refusal is 403 `policy_denied`.
-fn decide(
+pub(crate) fn decide(
     ctx: &OpsContext,
     caller: &Principal,
     located: &Located,

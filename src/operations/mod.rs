@@ -7,7 +7,7 @@
 //! - **Owns**: the operations themselves, as plain async functions over [`OpsContext`], a
 //!   caller ([`Principal`]), a sandbox id and typed request values: authorization
 //!   ([`authorize()`]: find, policy, state, adapter), lifecycle and lifetime ([`lifecycle`]),
-//!   commands ([`commands`]), interactive commands ([`interactive`]), files ([`files`]), snapshots ([`snapshots`]), usage
+//!   commands ([`commands`]), interactive commands ([`interactive`]), ports ([`ports`]), files ([`files`]), snapshots ([`snapshots`]), usage
 //!   ([`usage`]), deletion ([`delete`]) and delegation checks ([`delegation`]).
 //! - **May import**: the layers below it: `store`, `policy`, `create` (the coordinator),
 //!   `identity`, `credentials`, `providers`, `callers`, `base`, `config`, `error`.
@@ -37,6 +37,7 @@ pub mod delete;
 pub mod files;
 pub mod interactive;
 pub mod lifecycle;
+pub mod ports;
 pub mod snapshots;
 pub mod usage;
 

@@ -83,6 +83,7 @@ pub const ACTION_OPERATIONS: &[&str] = &[
     "exec",
     "pty",
     "stdin",
+    "ports",
     "files.read",
     "files.write",
     "files.list",
@@ -211,6 +212,9 @@ pub enum OperationDetail<'a> {
     },
     /// `input.timeout.ttl_secs` of `set_timeout`.
     Timeout { ttl_secs: u64 },
+    /// `input.port` of operation `ports`: the port `number`, and whether the request asks
+    /// for `public` access (it carries no token, so no principal vouches for it).
+    Port { number: u16, public: bool },
 }
 
 impl OperationDetail<'_> {
@@ -242,6 +246,9 @@ impl OperationDetail<'_> {
                 ("snapshot", json!({"kind": kind, "paths": paths}))
             }
             OperationDetail::Timeout { ttl_secs } => ("timeout", json!({"ttl_secs": ttl_secs})),
+            OperationDetail::Port { number, public } => {
+                ("port", json!({"number": number, "public": public}))
+            }
         })
     }
 }

@@ -51,8 +51,8 @@ use super::{
 };
 use crate::egress::EgressState;
 use crate::localbox::{
-    Enforced, ExecHandle, ExecRequest, Limits, LocalRuntime, LocalboxError, Recovered,
-    RuntimeConfig, SandboxSpec, Unrecoverable,
+    ConnectError, Enforced, ExecHandle, ExecRequest, Limits, LocalRuntime, LocalboxError,
+    Recovered, RuntimeConfig, SandboxSpec, Unrecoverable,
 };
 
 /// The labels a local sandbox records its tags under (see [`SandboxSpec::labels`]).
@@ -74,6 +74,9 @@ pub struct LocalProvider {
     readopted: Mutex<Vec<Instance>>,
     /// Instances of the previous process that could not be re-adopted, by id.
     unrecoverable: HashMap<String, Unrecoverable>,
+    /// Whether the ports gateway serves this process's sandboxes' ports (its listener is
+    /// up): what the instances declare as `public_ports`.
+    public_ports: bool,
 }
 
 struct LocalInstance {
@@ -170,6 +173,7 @@ impl LocalProvider {
             instances: Mutex::new(HashMap::new()),
             readopted: Mutex::new(Vec::new()),
             unrecoverable: HashMap::new(),
+            public_ports: false,
         })
     }
 
@@ -241,6 +245,13 @@ impl LocalProvider {
                 watcher,
             },
         );
+    }
+
+    /// Declares whether the ports gateway serves (see `crate::ports`): the instances'
+    /// `public_ports` capability.
+    pub fn with_public_ports(mut self, serving: bool) -> LocalProvider {
+        self.public_ports = serving;
+        self
     }
 
     pub fn runtime(&self) -> &Arc<LocalRuntime> {
@@ -449,12 +460,37 @@ impl Provider for LocalProvider {
                 ));
             }
             Ok(RuntimeCapabilities {
-                public_ports: false,
+                public_ports: self.public_ports,
                 pause_resume: self.runtime.capabilities().freezer,
                 pty: true,
                 ..RuntimeCapabilities::FULL
             })
         })
+    }
+
+    fn connect_port<'a>(
+        &'a self,
+        instance_id: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, Result<Option<tokio::net::TcpStream>, OpError>> {
+        Box::pin(async move {
+            self.ports()?;
+            match self.runtime.connect_port(instance_id, port).await {
+                Ok(stream) => Ok(Some(stream)),
+                Err(ConnectError::Refused(_)) => Ok(None),
+                Err(ConnectError::Setup(e)) => Err(e.into()),
+            }
+        })
+    }
+
+    fn ports(&self) -> Result<(), OpError> {
+        match self.public_ports {
+            true => Ok(()),
+            false => Err(OpError::unsupported(
+                self.kind(),
+                "ports here: the ports gateway is not serving ([ports] enabled = false, or its listener could not be bound)",
+            )),
+        }
     }
 
     fn exec_user(&self, user: &str) -> Result<(), OpError> {

@@ -528,6 +528,13 @@ pub trait Provider: Send + Sync + 'static {
         ))
     }
 
+    /// Whether the ports gateway can reach this provider's sandboxes' ports
+    /// ([`Provider::connect_port`]): `Ok` only for a provider whose sandboxes run beside a
+    /// gateway that serves ports. The default refuses, `unsupported` (501 naming `ports`).
+    fn ports(&self) -> Result<(), OpError> {
+        Err(OpError::unsupported(self.kind(), "ports"))
+    }
+
     // Operations on a running instance. An adapter implements those its provider offers;
     // the rest answer `unsupported`, which the API reports as 501 naming the operation.
 
@@ -551,6 +558,18 @@ pub trait Provider: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<InteractiveStream, OpError>> {
         let _ = (instance_id, spec);
         Box::pin(async move { Err(OpError::unsupported(self.kind(), mode.operation())) })
+    }
+    /// A connection to `port` on the instance's own loopback, for the ports gateway
+    /// (`https://{port}-{sandbox}.{domain}`, see `crate::ports`); `None` when nothing
+    /// listens there. Only a provider whose sandboxes run beside the gateway can reach
+    /// inside them; the rest answer `unsupported` (501 naming `ports`).
+    fn connect_port<'a>(
+        &'a self,
+        instance_id: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, Result<Option<tokio::net::TcpStream>, OpError>> {
+        let _ = (instance_id, port);
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "ports")) })
     }
     fn read_file<'a>(
         &'a self,
@@ -785,5 +804,22 @@ mod tests {
             assert_eq!(e.kind, OpErrorKind::Unsupported);
             assert!(e.message.ends_with(named), "{}", e.message);
         }
+    }
+
+    #[tokio::test]
+    async fn a_provider_whose_sandboxes_are_elsewhere_serves_no_ports() {
+        // Only the local provider's sandboxes run beside the ports gateway; the API answers
+        // the rest 501 `unsupported` naming `ports`.
+        let sim = simulated::SimulatedProvider::new("p", Default::default()).unwrap();
+        let e = sim.ports().unwrap_err();
+        assert_eq!(
+            (e.kind, e.code()),
+            (OpErrorKind::Unsupported, "unsupported")
+        );
+        assert!(e.message.ends_with("ports"), "{}", e.message);
+        let Err(e) = sim.connect_port("i-1", 8000).await else {
+            panic!("the simulated provider reached a port");
+        };
+        assert_eq!(e.kind, OpErrorKind::Unsupported);
     }
 }

@@ -147,6 +147,9 @@ pub const FAMILIES: &[Family] = &[
     labelled("sandgate_proxy_tunnels_refused_total", Counter, "CONNECT tunnels refused by a limit.", &["limit"], &[&["per_identity"]]),
     counter("sandgate_proxy_panics_total", "Proxy connection tasks that panicked (the connection is closed, the proxy goes on)."),
     labelled("sandgate_proxy_tls_handshake_failures_total", Counter, "Client TLS handshakes on the TLS proxy listener that failed, by reason.", &["reason"], &[&["error", "timeout"]]),
+    // Ports gateway.
+    labelled("sandgate_port_requests_total", Counter, "Requests to sandbox ports through the ports gateway, by outcome.", &["outcome"], &[&["forwarded", "bad_request", "unauthenticated", "refused", "not_found", "sandbox_state", "unsupported", "upstream_failed", "handshake_failed", "error"]]),
+    counter("sandgate_port_connections_shed_total", "Ports gateway connections closed at accept because [ports] max_connections was reached."),
     counter("sandgate_tls_leaf_minted_total", "Interception leaf certificates minted."),
     counter("sandgate_tls_leaf_cache_hits_total", "Interception leaf certificates served from the cache."),
     labelled("sandgate_identity_lookups_total", Counter, "Store lookups of sandbox identities the proxy did not know, by outcome.", &["outcome"], &[&["found", "absent", "limited", "failed"]]),

@@ -4,6 +4,7 @@
 
 pub mod ca;
 pub mod leaf;
+pub mod served;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -38,6 +38,7 @@ mod freestyle_fake;
 mod hosted_failover;
 mod hosted_restart;
 mod local_limits;
+mod local_ports;
 mod local_provider;
 mod local_pty;
 mod local_restart;

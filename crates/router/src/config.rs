@@ -131,7 +131,7 @@ impl ProviderKind {
                 mkdir: own,
             },
             isolation,
-            public_ports: matches!(k, Blaxel | Simulated),
+            public_ports: matches!(k, Blaxel | Local | Simulated),
             pause_resume: matches!(
                 k,
                 Codesandbox | E2b | Freestyle | Northflank | Runloop | Local | Simulated

@@ -42,6 +42,7 @@ from .schema import (
     Explanation,
     FileList,
     PoolView,
+    PortAccess,
     SandboxView,
     SnapshotTaken,
     TimeoutBody,
@@ -398,6 +399,11 @@ class AsyncSandbox:
     async def set_lifetime(self, ttl_secs: int) -> "AsyncSandbox":
         body: TimeoutBody = {"ttl_secs": int(ttl_secs)}
         return self._keep(await self._c._json("POST", self._path("/timeout"), json=body))
+
+    async def port(self, port: int) -> PortAccess:
+        """See :meth:`sandgate.Sandbox.port`."""
+        answer: PortAccess = await self._c._json("GET", self._path(f"/ports/{int(port)}"))
+        return answer
 
     async def snapshot(
         self, *, kind: Optional[str] = None, paths: Optional[Sequence[str]] = None

@@ -46,6 +46,7 @@ from .schema import (
     Explanation,
     FileList,
     PoolView,
+    PortAccess,
     SandboxView,
     SnapshotTaken,
     TimeoutBody,
@@ -453,6 +454,13 @@ class Sandbox:
         """``{snapshot: {id, kind, ...}, export?}``; create from it with ``{"snapshot": id}``."""
         body = _wire.snapshot_body(kind, paths)
         answer: SnapshotTaken = self._c._json("POST", self._path("/snapshot"), json=body)
+        return answer
+
+    def port(self, port: int) -> PortAccess:
+        """How to reach ``port`` of the sandbox through the gateway's ports listener:
+        ``{url, host, port, public, token, token_header}``; send ``token`` in the
+        ``token_header`` header unless ``public``."""
+        answer: PortAccess = self._c._json("GET", self._path(f"/ports/{int(port)}"))
         return answer
 
     def delete(self) -> "Sandbox":

@@ -722,6 +722,24 @@ class PoolsView(TypedDict):
     window_secs: int
 
 
+class PortAccess(TypedDict):
+    """How to reach one port of a sandbox."""
+
+    #: The URL's authority (E2B's `get_host(port)`).
+    host: str
+    port: int
+    #: Whether the URL answers requests without the token (the action policy's
+    #: `public_ports`); otherwise send `token` in the `token_header` header.
+    public: bool
+    #: Opens this port of this sandbox (derived from the gateway's master key; closed for
+    #: everyone by policy, e.g. `blocked_operations: ["ports"]`). Never logged by sandgate.
+    token: str
+    #: `X-Sandgate-Port-Token` (`E2b-Traffic-Access-Token` is also accepted).
+    token_header: str
+    #: `https://{port}-{sandbox id}.{domain}`, with the gateway's port unless 443.
+    url: str
+
+
 class ProcessFeatures(TypedDict, total=False):
     cancel: Optional[bool]
     execute: Optional[bool]
@@ -1048,4 +1066,4 @@ SpreadMode = Union[Literal["hard"], Literal["soft"]]
 TopologyKey = Union[Literal["provider"], Literal["region"], Literal["zone"]]
 
 
-__all__ = ["AccountCheck", "Apply", "ApplyAwsSigv4", "ApplyBasic", "ApplyGithubApp", "ApplyHeader", "ApplyOauth2", "ApplyQuery", "AttemptRecord", "AutoKeyword", "Bands", "CapabilitiesView", "CheckStatus", "CircuitState", "CircuitView", "ClientAuth", "CreateBody", "CredentialBody", "CredentialList", "CredentialMetadata", "CredentialView", "DelegationList", "DelegationView", "DestinationRule", "DryRunPlan", "EgressView", "Error", "ErrorDetail", "ExecBody", "Explanation", "ExportSummary", "Fallback", "Features", "FileList", "FilesystemFeatures", "Grant", "IneligiblePool", "IsolationMode", "IsolationModeVariant1", "LabelExpr", "LabelValue", "Labels", "LatencyView", "LayerReport", "Metrics", "MintBody", "MintedDelegation", "Name", "Network", "NoEligible", "NoEligibleDetails", "Operator", "Order", "PlanStep", "PolicyReport", "PoolAffinity", "PoolExplanation", "PoolView", "PoolsView", "Priority", "ProcessFeatures", "RankKey", "RefusedPool", "ReloadError", "Resources", "RetryRecord", "Routing", "SandboxAffinity", "SandboxEntry", "SandboxPage", "SandboxTerm", "SandboxView", "ScopeReport", "SnapshotBody", "SnapshotTaken", "SnapshotView", "Source", "SourceVariant0", "SourceVariant1", "SourceVariant2", "SpreadMode", "SpreadTerm", "SuccessView", "TimeoutBody", "TokenStatus", "TopologyKey", "WeightedLabelExpr", "WeightedSandboxTerm"]
+__all__ = ["AccountCheck", "Apply", "ApplyAwsSigv4", "ApplyBasic", "ApplyGithubApp", "ApplyHeader", "ApplyOauth2", "ApplyQuery", "AttemptRecord", "AutoKeyword", "Bands", "CapabilitiesView", "CheckStatus", "CircuitState", "CircuitView", "ClientAuth", "CreateBody", "CredentialBody", "CredentialList", "CredentialMetadata", "CredentialView", "DelegationList", "DelegationView", "DestinationRule", "DryRunPlan", "EgressView", "Error", "ErrorDetail", "ExecBody", "Explanation", "ExportSummary", "Fallback", "Features", "FileList", "FilesystemFeatures", "Grant", "IneligiblePool", "IsolationMode", "IsolationModeVariant1", "LabelExpr", "LabelValue", "Labels", "LatencyView", "LayerReport", "Metrics", "MintBody", "MintedDelegation", "Name", "Network", "NoEligible", "NoEligibleDetails", "Operator", "Order", "PlanStep", "PolicyReport", "PoolAffinity", "PoolExplanation", "PoolView", "PoolsView", "PortAccess", "Priority", "ProcessFeatures", "RankKey", "RefusedPool", "ReloadError", "Resources", "RetryRecord", "Routing", "SandboxAffinity", "SandboxEntry", "SandboxPage", "SandboxTerm", "SandboxView", "ScopeReport", "SnapshotBody", "SnapshotTaken", "SnapshotView", "Source", "SourceVariant0", "SourceVariant1", "SourceVariant2", "SpreadMode", "SpreadTerm", "SuccessView", "TimeoutBody", "TokenStatus", "TopologyKey", "WeightedLabelExpr", "WeightedSandboxTerm"]

@@ -6,7 +6,8 @@ Environment: SANDGATE_URL, SANDGATE_TOKEN (alice, workspace ws-a), SANDGATE_TOKE
 ws-b), SANDGATE_WORKSPACE, SANDGATE_ORIGIN_PORT (the HTTPS origin behind api.allowed.test and
 api.other.test), SANDGATE_FAKE_DAYTONA (the fake Daytona behind the pool `daytona`),
 SANDGATE_STORE_PATH (the gateway's SQLite database), SANDGATE_SNAPSHOT_DIR (the local
-provider's snapshots).
+provider's snapshots), SANDGATE_CA (the gateway's CA certificate), SANDGATE_PORTS_ADDR (its
+ports listener).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import pathlib
 import sqlite3
+import ssl
 import time
 import uuid
 
@@ -155,6 +157,34 @@ def test_exec_streams_in_order_with_exit_codes(sandbox):
             if event.type == "started":
                 running.cancel()
     assert running.result.reason == "cancelled"
+
+
+def test_a_port_is_reached_through_the_gateway(sandbox):
+    sandbox.exec(
+        "mkdir -p /tmp/site && echo port-ok > /tmp/site/k && cd /tmp/site && "
+        "nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"
+    )
+    access = sandbox.port(8000)
+    assert access["url"] == "https://" + access["host"] and access["public"] is False
+    name = access["host"].rsplit(":", 1)[0]
+    tls = ssl.create_default_context(cafile=os.environ["SANDGATE_CA"])
+    listener = os.environ["SANDGATE_PORTS_ADDR"]
+    with httpx.Client(verify=tls, trust_env=False, timeout=15) as http:
+
+        def get(headers):
+            # The listener by address, the port's name in the TLS server name and Host.
+            headers = {"host": access["host"], **headers}
+            return http.get(f"https://{listener}/k", headers=headers, extensions={"sni_hostname": name})
+
+        deadline = time.monotonic() + 30
+        answer = get({access["token_header"]: access["token"]})
+        while answer.status_code == 502 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            answer = get({access["token_header"]: access["token"]})
+        assert (answer.status_code, answer.text) == (200, "port-ok\n")
+        assert get({}).status_code == 401
+    with pytest.raises(sandgate.InvalidRequest):
+        sandbox.port(0)
 
 
 def test_files_round_trip_including_a_5_mib_binary(sandbox):

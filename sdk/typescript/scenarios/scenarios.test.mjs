@@ -6,12 +6,14 @@
 // ws-b), SANDGATE_WORKSPACE, SANDGATE_ORIGIN_PORT (the HTTPS origin behind api.allowed.test
 // and api.other.test), SANDGATE_FAKE_DAYTONA (the fake Daytona behind the pool `daytona`),
 // SANDGATE_STORE_PATH (the gateway's SQLite database), SANDGATE_SNAPSHOT_DIR (the local
-// provider's snapshots).
+// provider's snapshots), SANDGATE_CA (the gateway's CA certificate), SANDGATE_PORTS_ADDR (its
+// ports listener).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash, randomBytes, randomUUID } from "node:crypto";
-import { readdirSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
+import { request as httpsRequest } from "node:https";
 import { inspect } from "node:util";
 import * as sdk from "../dist/index.js";
 
@@ -166,6 +168,46 @@ test("exec streams in order with exit codes", async () => {
   const running = await sandbox.exec(["sleep", "30"], { stream: true });
   for await (const e of running) if (e.type === "started") await running.cancel();
   assert.equal(running.result.reason, "cancelled");
+});
+
+/** GET `path` of a sandbox port by the listener's address, with the port's name as TLS server name and Host. */
+function portGet(access, path, headers) {
+  const [ip, port] = process.env.SANDGATE_PORTS_ADDR.split(":");
+  const name = access.host.split(":")[0];
+  const ca = readFileSync(process.env.SANDGATE_CA);
+  return new Promise((resolve, reject) => {
+    const req = httpsRequest(
+      { host: ip, port: Number(port), path, servername: name, ca, headers: { host: access.host, ...headers } },
+      (res) => {
+        let body = "";
+        res.setEncoding("utf8");
+        res.on("data", (d) => (body += d));
+        res.on("end", () => resolve([res.statusCode, body]));
+      },
+    );
+    req.on("error", reject);
+    req.end();
+  });
+}
+
+test("a port is reached through the gateway", async () => {
+  await sandbox.exec(
+    "mkdir -p /tmp/site-ts && echo port-ok > /tmp/site-ts/k && cd /tmp/site-ts && " +
+      "nohup python3 -m http.server 8003 --bind 127.0.0.1 >/dev/null 2>&1 &",
+  );
+  const access = await sandbox.port(8003);
+  assert.equal(access.url, `https://${access.host}`);
+  assert.equal(access.public, false);
+  const token = { [access.token_header]: access.token };
+  const deadline = Date.now() + 30000;
+  let answer = await portGet(access, "/k", token);
+  while (answer[0] === 502 && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 200));
+    answer = await portGet(access, "/k", token);
+  }
+  assert.deepEqual(answer, [200, "port-ok\n"]);
+  assert.equal((await portGet(access, "/k", {}))[0], 401);
+  await raises(sdk.InvalidRequest, () => sandbox.port(0));
 });
 
 test("files round trip including a 5 MiB binary", async () => {

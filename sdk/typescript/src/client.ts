@@ -23,6 +23,7 @@ import type {
   MintedDelegation,
   PoolView,
   PoolsView,
+  PortAccess,
   SandboxPage,
   SandboxView,
   SnapshotBody,
@@ -509,6 +510,15 @@ export class Sandbox {
   async snapshot(options: SnapshotBody = {}): Promise<SnapshotTaken> {
     const body = Object.keys(options).length ? options : undefined;
     return this.#c.json<SnapshotTaken>("POST", this.#path("/snapshot"), { json: body });
+  }
+
+  /**
+   * How to reach `port` of the sandbox through the gateway's ports listener: `{url, host,
+   * port, public, token, token_header}`; send `token` in the `token_header` header unless
+   * `public`.
+   */
+  async port(port: number): Promise<PortAccess> {
+    return this.#c.json<PortAccess>("GET", this.#path(`/ports/${Math.trunc(port)}`));
   }
 
   async delete(): Promise<this> {

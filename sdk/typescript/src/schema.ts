@@ -913,6 +913,35 @@ export interface PoolsView {
   window_secs: number;
 }
 
+/**
+ * How to reach one port of a sandbox.
+ */
+export interface PortAccess {
+  /**
+   * The URL's authority (E2B's `get_host(port)`).
+   */
+  host: string;
+  port: number;
+  /**
+   * Whether the URL answers requests without the token (the action policy's
+   * `public_ports`); otherwise send `token` in the `token_header` header.
+   */
+  public: boolean;
+  /**
+   * Opens this port of this sandbox (derived from the gateway's master key; closed for
+   * everyone by policy, e.g. `blocked_operations: ["ports"]`). Never logged by sandgate.
+   */
+  token: string;
+  /**
+   * `X-Sandgate-Port-Token` (`E2b-Traffic-Access-Token` is also accepted).
+   */
+  token_header: string;
+  /**
+   * `https://{port}-{sandbox id}.{domain}`, with the gateway's port unless 443.
+   */
+  url: string;
+}
+
 // A ranking criterion, compared by band within a tier: `price` (configured price, lower
 // first), `startup_latency` (median measured startup latency, lower first),
 // `creation_success` (share of eligible attempts that reached running, higher first).

@@ -568,6 +568,11 @@ impl Gateway {
                 dir.path().join("local/snapshots").display().to_string()
             ));
         }
+        if !options.extra_toml.contains("[ports]") {
+            // The ports gateway on an ephemeral port: gateways of parallel tests never
+            // compete for the default one.
+            toml.push_str("[ports]\nlisten = \"127.0.0.1:0\"\n");
+        }
         toml.push_str(&options.extra_toml);
         if !options.extra_toml.contains("[egress]") {
             // The test origins listen on loopback; a test with an `[egress]` table of its

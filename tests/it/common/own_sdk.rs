@@ -22,6 +22,7 @@
 //!
 //! The scenario runners get `SANDGATE_URL`, `SANDGATE_TOKEN` (alice), `SANDGATE_TOKEN_B`,
 //! `SANDGATE_WORKSPACE`, `SANDGATE_ORIGIN_PORT`, `SANDGATE_FAKE_DAYTONA` (the fake's URL),
+//! `SANDGATE_CA` (the gateway's CA certificate), `SANDGATE_PORTS_ADDR` (its ports listener),
 //! `SANDGATE_STORE_PATH` (the gateway's SQLite database: the InternalError scenario takes a
 //! table away from under the running gateway) and `SANDGATE_SNAPSHOT_DIR` (where the local
 //! provider keeps snapshots, to see that a snapshot sandgate could not record is removed).
@@ -213,6 +214,15 @@ pub async fn run(env: &ScenarioGateway, mut command: tokio::process::Command, wh
             env.gw.dir.path().join("data/sandgate.db"),
         )
         .env("SANDGATE_SNAPSHOT_DIR", env.dir.path().join("snapshots"))
+        .env("SANDGATE_CA", env.gw.server.ca_cert_path())
+        .env(
+            "SANDGATE_PORTS_ADDR",
+            env.gw
+                .server
+                .ports_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+        )
         // The runner talks to the gateway on loopback; a proxy from the environment must not
         // take that traffic.
         .env_remove("HTTP_PROXY")
