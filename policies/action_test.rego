@@ -92,3 +92,19 @@ test_exec_users_restricts_who_commands_run_as if {
 		with data.sandgate.workspaces as {"ws-a": {"exec_users": ["user", "root"]}}
 	count(action.deny) == 0 with input as as_root
 }
+
+test_watch_is_its_own_operation if {
+	watch := object.union(act("ws-a", [], "ws-a", "watch"), {"file": {"path": "/home/user", "recursive": true}})
+	action.allow with input as watch
+	count(action.deny) == 0 with input as watch
+	# Refused like a read across workspaces.
+	not action.allow with input as object.union(act("ws-b", [], "ws-a", "watch"), {"file": {"path": "/home/user", "recursive": false}})
+	# Blocked alone: commands and reads go on.
+	blocked := {"ws-a": {"blocked_operations": ["watch"]}}
+	action.deny == {"operation watch is blocked in workspace ws-a"} with input as watch
+		with data.sandgate.workspaces as blocked
+	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "files.read")
+		with data.sandgate.workspaces as blocked
+	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "exec")
+		with data.sandgate.workspaces as blocked
+}

@@ -25,6 +25,7 @@ pub mod routes;
 pub mod sandbox_ops;
 pub mod sandboxes;
 pub mod traced;
+pub mod watch;
 
 use crate::error::{Details, Error, Kind};
 use crate::reply::ErrorReply;
@@ -75,6 +76,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(sandboxes::routes())
         .merge(sandbox_ops::routes())
         .merge(pty::routes())
+        .merge(watch::routes())
         .merge(delegations::routes())
         .merge(events::routes())
         .merge(decisions::routes())
