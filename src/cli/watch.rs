@@ -75,7 +75,7 @@ fn line_of(event: &Value, json: bool) -> String {
         .as_str()
         .or_else(|| event["reason"].as_str())
         .unwrap_or_default();
-    format!("{:<8}{}", clean(kind), clean(what))
+    format!("{:<8} {}", clean(kind), clean(what))
 }
 
 #[cfg(test)]
@@ -85,7 +85,7 @@ mod tests {
     #[test]
     fn events_print_as_lines_with_control_characters_escaped() {
         let event = serde_json::json!({"type": "create", "name": "a\nb.txt"});
-        assert_eq!(line_of(&event, false), "create  a\\nb.txt");
+        assert_eq!(line_of(&event, false), "create   a\\nb.txt");
         assert_eq!(
             line_of(&event, true),
             r#"{"name":"a\nb.txt","type":"create"}"#
