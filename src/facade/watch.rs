@@ -14,13 +14,15 @@
 //!   poll with): the watcher's events wait in its bounded queue (`localbox::watch`) until
 //!   `GetWatcherEvents` takes them all; `RemoveWatcher` ends it. A watcher id is good only
 //!   for the sandbox it was created on. A watch that ended answers its last events, then
-//!   `not_found`, as envd's does for a removed watcher.
+//!   `not_found`, as envd's does for a removed watcher. A watcher nobody polled for
+//!   [`ABANDONED_AFTER`] is removed when another is created, so a client that forgets
+//!   `RemoveWatcher` does not hold the sandbox's watch slots (`[local.watch] watchers`).
 //! - Events lost to a full queue have no envd event type: they are dropped here (the `/v1`
 //!   stream reports them as `overflow`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::HeaderMap;
@@ -41,6 +43,8 @@ use crate::providers::ops::WatchEvent;
 
 /// Most events one `GetWatcherEvents` answers (the rest wait for the next call).
 const MAX_EVENTS_PER_POLL: usize = 4096;
+/// A watcher not polled for this long is taken for abandoned.
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(600);
 
 /// The watchers `CreateWatcher` made, by id.
 #[derive(Default)]
@@ -51,6 +55,28 @@ pub struct Watchers {
 struct Polled {
     sandbox_id: String,
     events: tokio::sync::Mutex<mpsc::Receiver<WatchEvent>>,
+    /// When it was created or last polled.
+    polled_at: Mutex<Instant>,
+}
+
+impl Polled {
+    fn touch(&self) {
+        *self.polled_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    /// Abandoned, or over with every event taken: nothing more to answer.
+    fn spent(&self) -> bool {
+        let idle = self
+            .polled_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed();
+        idle > ABANDONED_AFTER
+            || self
+                .events
+                .try_lock()
+                .is_ok_and(|rx| rx.is_closed() && rx.is_empty())
+    }
 }
 
 impl Watchers {
@@ -162,15 +188,12 @@ pub async fn create(
     let polled = Arc::new(Polled {
         sandbox_id: call.row.id.clone(),
         events: tokio::sync::Mutex::new(events),
+        polled_at: Mutex::new(Instant::now()),
     });
     let mut map = state.watchers.map();
-    // Watchers whose watch ended and whose events were all taken (or never will be: the
-    // sandbox is gone) go, so abandoned ones do not pile up.
-    map.retain(|_, w| {
-        w.events
-            .try_lock()
-            .map_or(true, |rx| !(rx.is_closed() && rx.is_empty()))
-    });
+    // Watchers whose watch ended and whose events were all taken, and those nobody polls,
+    // go (dropping one ends its watch), so abandoned ones do not pile up.
+    map.retain(|_, w| !w.spent());
     map.insert(id.clone(), polled);
     Ok(json!({"watcherId": id}))
 }
@@ -182,6 +205,7 @@ pub async fn events(
     request: &Value,
 ) -> Result<Value, RpcError> {
     let (id, polled) = state.watchers.get(&call.row.id, request)?;
+    polled.touch();
     let mut rx = match tokio::time::timeout(Duration::from_secs(5), polled.events.lock()).await {
         Ok(rx) => rx,
         Err(_) => return Err(RpcError::new("unavailable", "the watcher is busy")),
@@ -210,4 +234,39 @@ pub fn remove(state: &FacadeState, call: &EnvdCall, request: &Value) -> Result<V
     let (id, _) = state.watchers.get(&call.row.id, request)?;
     state.watchers.map().remove(&id);
     Ok(json!({}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn polled(rx: mpsc::Receiver<WatchEvent>, polled_at: Instant) -> Polled {
+        Polled {
+            sandbox_id: "sb-1".into(),
+            events: tokio::sync::Mutex::new(rx),
+            polled_at: Mutex::new(polled_at),
+        }
+    }
+
+    #[test]
+    fn a_watcher_is_spent_when_over_and_drained_or_abandoned() {
+        let (tx, rx) = mpsc::channel(4);
+        let live = polled(rx, Instant::now());
+        assert!(!live.spent());
+        tx.try_send(WatchEvent::Overflow { reason: "x".into() })
+            .unwrap();
+        drop(tx);
+        assert!(!live.spent(), "its last event is still to be answered");
+        live.events.try_lock().unwrap().try_recv().unwrap();
+        assert!(live.spent());
+
+        let (_tx, rx) = mpsc::channel(4);
+        let long_ago = Instant::now().checked_sub(ABANDONED_AFTER + Duration::from_secs(1));
+        if let Some(long_ago) = long_ago {
+            let idle = polled(rx, long_ago);
+            assert!(idle.spent());
+            idle.touch();
+            assert!(!idle.spent());
+        }
+    }
 }

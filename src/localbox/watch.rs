@@ -430,6 +430,9 @@ fn handle(
             .mask
             .intersects(EventMask::CREATE | EventMask::MOVED_TO);
     if tree.recursive && new_dir {
+        // A walk of system calls on this task: bounded by the sandbox's directory limit
+        // (a thousand directories take about 50 ms), and the directory must be watched
+        // before what follows in it is missed.
         if let Err(Skip::Limit) = tree.add_tree(confined, rel) {
             return queue.lose(&format!(
                 "{joined} is not watched: the sandbox watches {} directories already (the limit)",
