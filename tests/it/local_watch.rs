@@ -117,7 +117,7 @@ async fn a_watch_reports_changes_recursively_and_ends_with_the_sandbox() {
     sh(
         &rt,
         &id,
-        "echo a > old/inner/a && mkdir d && sleep 0.3 && echo hi > d/f && chmod 600 d/f && mv d/f d/g && rm d/g",
+        "echo a > old/inner/a && mkdir d && sleep 0.5 && echo hi > d/f && chmod 600 d/f && mv d/f d/g && rm d/g",
     )
     .await;
     let seen = until(&mut watch, ("remove", "d/g")).await;
@@ -176,7 +176,9 @@ async fn watches_are_bounded_and_say_when_events_were_lost() {
     // event it gets is the overflow, then what came after.
     let mut slow = rt.watch(&id, "/home/user", false).await.expect("watch");
     sh(&rt, &id, "for i in $(seq 1 40); do : > f$i; done").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Time for the watch to read all 40 from the kernel (microseconds each), so none is
+    // still unread when the reader frees the queue.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     for i in 1..=4 {
         assert_eq!(
             next(&mut slow).await.unwrap(),
@@ -327,7 +329,7 @@ async fn the_watch_endpoint_streams_events_and_decides_refusals_first() {
         "{content_type}"
     );
     let mut events = Sse::new(response);
-    sandbox_sh(&env, id, "mkdir sub && sleep 0.3 && echo hi > sub/x.txt").await;
+    sandbox_sh(&env, id, "mkdir sub && sleep 0.5 && echo hi > sub/x.txt").await;
     let seen = events
         .until(&json!({"type": "write", "name": "sub/x.txt"}))
         .await;
