@@ -1,7 +1,8 @@
 # Bundled action policy (layer `sandgate.action`): may this principal perform this operation
 # inside this sandbox? Evaluated for every exec, terminal session (`pty`), input to a running
-# command (`stdin`), file read/write/list/delete/mkdir, port and credential use, with the
-# caller's authority at that moment.
+# command (`stdin`), file read/write/list/delete/mkdir, directory watching (`watch`, treated
+# like a read: the same workspace rule; block it with `blocked_operations`), port and
+# credential use, with the caller's authority at that moment.
 #
 # - A principal acts on sandboxes of its own workspace; a platform `admin` on any.
 # - A workspace may forbid operations with data at

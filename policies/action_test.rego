@@ -130,3 +130,19 @@ test_blocking_ports_closes_tokens_and_public_ports if {
 	count(action.deny) == 1 with input as port_request(anonymous, "ws-a", 3000, true) with data.sandgate.workspaces as blocked
 	count(action.deny) == 0 with input as port_request(port_token, "ws-a", 8000, false)
 }
+
+test_watch_is_its_own_operation if {
+	watch := object.union(act("ws-a", [], "ws-a", "watch"), {"file": {"path": "/home/user", "recursive": true}})
+	action.allow with input as watch
+	count(action.deny) == 0 with input as watch
+	# Refused like a read across workspaces.
+	not action.allow with input as object.union(act("ws-b", [], "ws-a", "watch"), {"file": {"path": "/home/user", "recursive": false}})
+	# Blocked alone: commands and reads go on.
+	blocked := {"ws-a": {"blocked_operations": ["watch"]}}
+	action.deny == {"operation watch is blocked in workspace ws-a"} with input as watch
+		with data.sandgate.workspaces as blocked
+	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "files.read")
+		with data.sandgate.workspaces as blocked
+	count(action.deny) == 0 with input as act("ws-a", [], "ws-a", "exec")
+		with data.sandgate.workspaces as blocked
+}

@@ -16,7 +16,9 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-pub use crate::localbox::{EntryKind, ExecEvent, ExecInput, ExitInfo, ExitReason, Usage, WinSize};
+pub use crate::localbox::{
+    EntryKind, ExecEvent, ExecInput, ExitInfo, ExitReason, FsEventKind, Usage, WatchEvent, WinSize,
+};
 
 /// A portable user name (POSIX's, lower case): what a pool may declare and a caller ask for.
 pub fn user_name(name: &str) -> bool {
@@ -127,6 +129,15 @@ impl InputMode {
 pub struct InteractiveStream {
     pub stream: ExecStream,
     pub input: mpsc::Sender<ExecInput>,
+}
+
+/// A running watch of a sandbox directory (operation `watch`): its events, bounded (a
+/// reader that falls behind gets [`WatchEvent::Overflow`] in place of what was dropped),
+/// until the watch ends (`None`: the sandbox stopped or was deleted, or the directory was
+/// removed). Dropping it ends the watch.
+#[derive(Debug)]
+pub struct WatchStream {
+    pub events: mpsc::Receiver<WatchEvent>,
 }
 
 impl std::fmt::Debug for ExecStream {

@@ -26,6 +26,7 @@ pub mod routes;
 pub mod sandbox_ops;
 pub mod sandboxes;
 pub mod traced;
+pub mod watch;
 
 use crate::error::{Details, Error, Kind};
 use crate::reply::ErrorReply;
@@ -79,6 +80,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(sandbox_ops::routes())
         .merge(pty::routes())
         .merge(ports::routes())
+        .merge(watch::routes())
         .merge(delegations::routes())
         .merge(events::routes())
         .merge(decisions::routes())

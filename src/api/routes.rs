@@ -97,6 +97,7 @@ pub async fn explain(
         super::pty::pty_post,
         super::pty::stdin,
         super::ports::port,
+        super::watch::watch,
         super::sandbox_ops::read_file,
         super::sandbox_ops::write_file,
         super::sandbox_ops::list_dir,

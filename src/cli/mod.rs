@@ -24,7 +24,9 @@ mod shell;
 pub mod suggest;
 mod term;
 mod wait;
+mod watch;
 mod why;
+mod ws;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -159,6 +159,24 @@ pub enum SandboxCommand {
         /// The port inside the sandbox (1 to 65535).
         port: u16,
     },
+    /// Watch a directory of a sandbox: one line per change (`create`, `write`, `remove`,
+    /// `rename`, `chmod` and the path below the directory; with `-o json` one JSON object
+    /// per line) until the watch ends (the sandbox stops or is deleted) or Ctrl-C. Needs
+    /// the `watch` action.
+    ///
+    /// Examples:
+    ///   sandgate sandbox watch sb-0123 /home/user
+    ///   sandgate sandbox watch sb-0123 /home/user/project --recursive -o json
+    #[command(verbatim_doc_comment)]
+    Watch {
+        /// The sandbox id.
+        id: String,
+        /// The directory (absolute, or relative to the sandbox's home).
+        path: String,
+        /// Watch the directories below it too, including those created later.
+        #[arg(long, short = 'r')]
+        recursive: bool,
+    },
     /// Stop a sandbox: every process is killed, files stay.
     ///
     /// Example:
@@ -356,6 +374,11 @@ pub(super) async fn run(api: &Api, out: &OutputArgs, cmd: SandboxCommand) -> Res
             let (status, body) = api.send(api.http.get(&url), &url).await?;
             return Ok(reply(out, status, &body, &shapes::PORT));
         }
+        SandboxCommand::Watch {
+            id,
+            path,
+            recursive,
+        } => return super::watch::watch(api, out, &id, &path, recursive).await,
         SandboxCommand::Stop { id } => lifecycle(api, &id, "stop").await?,
         SandboxCommand::Start { id } => lifecycle(api, &id, "start").await?,
         SandboxCommand::Pause { id } => lifecycle(api, &id, "pause").await?,

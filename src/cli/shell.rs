@@ -48,7 +48,7 @@ pub(super) async fn shell(
     let bearer = HeaderValue::from_str(&format!("Bearer {}", api.token))
         .map_err(|_| CliError::Usage("the API token is not a valid header value".into()))?;
     request.headers_mut().insert("authorization", bearer);
-    let ws = match tokio_tungstenite::connect_async(request).await {
+    let ws = match super::ws::connect(request).await {
         Ok((ws, _)) => ws,
         Err(tungstenite::Error::Http(response)) => {
             let status = response.status().as_u16();

@@ -9,7 +9,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use crate::ops::{ExitInfo, ExitReason, SandboxEntry};
+use crate::ops::{ExitInfo, ExitReason, FsEventKind, SandboxEntry};
 
 /// envd's port, named in `E2b-Sandbox-Port` and in `{port}-{id}.{domain}` host names.
 pub const ENVD_PORT: u16 = 49983;
@@ -141,6 +141,24 @@ fn rfc3339(unix: i64) -> String {
                 .ok()
         })
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_string())
+}
+
+// ---------------------------------------------------------------------- watch events
+
+/// envd's `EventType` (proto3 JSON name) of a watch event.
+pub fn event_type(kind: FsEventKind) -> &'static str {
+    match kind {
+        FsEventKind::Create => "EVENT_TYPE_CREATE",
+        FsEventKind::Write => "EVENT_TYPE_WRITE",
+        FsEventKind::Remove => "EVENT_TYPE_REMOVE",
+        FsEventKind::Rename => "EVENT_TYPE_RENAME",
+        FsEventKind::Chmod => "EVENT_TYPE_CHMOD",
+    }
+}
+
+/// A `FilesystemEvent`: `{"name": <relative path>, "type": "EVENT_TYPE_…"}`.
+pub fn filesystem_event(kind: FsEventKind, name: &str) -> Value {
+    json!({"name": name, "type": event_type(kind)})
 }
 
 // ---------------------------------------------------------------------- process events

@@ -14,7 +14,9 @@
 //! - Connect unary calls (JSON codec): `filesystem.Filesystem/Stat` and `ListDir`
 //!   (`files.list`), `MakeDir` (`files.mkdir`; `already_exists` when it does), `Remove`
 //!   (`files.delete`, recursive as envd's), `Move` (`files.move`, with
-//!   `input.file.destination`), `process.Process/List` and `SendSignal`.
+//!   `input.file.destination`), `process.Process/List` and `SendSignal`. Watching
+//!   (`WatchDir`, a server stream; `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`;
+//!   operation `watch`) is in `watch.rs`.
 //!   Anything else is `unimplemented`.
 
 use axum::body::Bytes;
@@ -56,6 +58,7 @@ pub fn routes(state: FacadeState) -> Router {
         )
         .route("/process.Process/Start", post(start))
         .route("/process.Process/Connect", post(attach))
+        .route("/filesystem.Filesystem/WatchDir", post(watch_dir))
         .route("/{service}/{method}", post(unary))
         .fallback(|| async { (StatusCode::NOT_FOUND, "404 page not found").into_response() })
         .layer(DefaultBodyLimit::max(1 << 20))
@@ -405,6 +408,15 @@ async fn start(
     super::process::start(&state, call, headers, body).await
 }
 
+async fn watch_dir(
+    State(state): State<FacadeState>,
+    call: EnvdCall,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    super::watch::watch_dir_stream(&state, call, headers, body).await
+}
+
 async fn attach(
     State(state): State<FacadeState>,
     call: EnvdCall,
@@ -448,6 +460,13 @@ async fn unary(
         ("filesystem.Filesystem", "MakeDir") => make_dir(&state, &call, &request).await,
         ("filesystem.Filesystem", "Remove") => remove(&state, &call, &request).await,
         ("filesystem.Filesystem", "Move") => move_entry(&state, &call, &request).await,
+        ("filesystem.Filesystem", "CreateWatcher") => {
+            super::watch::create(&state, &call, &request).await
+        }
+        ("filesystem.Filesystem", "GetWatcherEvents") => {
+            super::watch::events(&state, &call, &request).await
+        }
+        ("filesystem.Filesystem", "RemoveWatcher") => super::watch::remove(&state, &call, &request),
         ("process.Process", "List") => Ok(super::process::list(&state, &call)),
         ("process.Process", "SendSignal") => {
             super::process::send_signal(&state, &call, &request).await

@@ -25,6 +25,7 @@ pub mod envd;
 pub mod errors;
 mod input;
 pub mod process;
+pub mod watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -49,6 +50,8 @@ pub struct FacadeState {
     pub templates: Arc<BTreeMap<String, E2bTemplate>>,
     pub domain: Arc<str>,
     pub processes: Arc<process::Registry>,
+    /// The watchers of `CreateWatcher`, polled with `GetWatcherEvents`.
+    pub watchers: Arc<watch::Watchers>,
     /// `[e2b] allow_out`: the default egress allow list of a create that names no network.
     pub allow_out: Arc<[String]>,
     /// The keys of `[[e2b.api_keys]]` that set their own `allow_out`, and that list.
@@ -87,6 +90,7 @@ impl FacadeState {
             templates: Arc::new(config.templates.clone()),
             domain: config.domain.as_str().into(),
             processes: Arc::default(),
+            watchers: Arc::default(),
             allow_out: config.allow_out.clone().into(),
             key_allow_out: Arc::new(key_allow_out),
             ports: None,

@@ -113,11 +113,11 @@ pub(super) fn integer(value: &Value) -> Option<u64> {
 
 /// A server stream that failed before its first message: Connect still answers 200, with
 /// the error in the end-of-stream message.
-fn stream_failure(e: &RpcError) -> Response {
+pub(super) fn stream_failure(e: &RpcError) -> Response {
     stream_response(Body::from(connect::end_stream(Some(e))))
 }
 
-fn stream_response(body: Body) -> Response {
+pub(super) fn stream_response(body: Body) -> Response {
     let mut response = Response::new(body);
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -126,7 +126,7 @@ fn stream_response(body: Body) -> Response {
     response
 }
 
-fn is_connect_json(headers: &HeaderMap) -> bool {
+pub(super) fn is_connect_json(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -136,7 +136,7 @@ fn is_connect_json(headers: &HeaderMap) -> bool {
         })
 }
 
-fn unsupported_media() -> Response {
+pub(super) fn unsupported_media() -> Response {
     (
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "envd speaks the Connect protocol with the JSON codec (application/connect+json) here",
@@ -336,7 +336,7 @@ fn frames_of(event: ExecEvent, pty: bool) -> Vec<Bytes> {
     }
 }
 
-fn keepalive(headers: &HeaderMap) -> Option<Duration> {
+pub(super) fn keepalive(headers: &HeaderMap) -> Option<Duration> {
     headers
         .get("keepalive-ping-interval")
         .and_then(|v| v.to_str().ok())

@@ -84,7 +84,7 @@ impl Confined<'_> {
     }
 
     /// `openat2` below the root with every symlink resolved inside it.
-    fn open_in_root(&self, parts: &[String], flags: libc::c_int) -> io::Result<OwnedFd> {
+    pub(super) fn open_in_root(&self, parts: &[String], flags: libc::c_int) -> io::Result<OwnedFd> {
         let root = self.root_fd()?;
         let rel = if parts.is_empty() {
             ".".to_string()

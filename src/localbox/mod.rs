@@ -88,6 +88,7 @@ mod pty;
 mod recover;
 pub mod seccomp;
 mod usage;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -108,6 +109,7 @@ pub use netns::ConnectError;
 pub use pty::{signal_number, ExecInput, WinSize, ALLOWED_SIGNALS};
 pub use recover::{Recovered, Unrecoverable};
 pub use usage::Usage;
+pub use watch::{FsEventKind, WatchEvent, WatchLimits, Watcher};
 
 /// The variables that carry the path of the gateway CA inside the sandbox.
 pub const CA_ENV_VARS: [&str; 7] = [
@@ -203,6 +205,8 @@ pub struct RuntimeConfig {
     pub start_timeout: Duration,
     /// Which cgroup hierarchy to use (default: v1 when its freezer is mounted, else v2).
     pub cgroups: CgroupMode,
+    /// The bounds of [`LocalRuntime::watch`].
+    pub watch: WatchLimits,
 }
 
 impl RuntimeConfig {
@@ -216,6 +220,7 @@ impl RuntimeConfig {
             extra_ro_binds: Vec::new(),
             start_timeout: Duration::from_secs(20),
             cgroups: CgroupMode::Auto,
+            watch: WatchLimits::default(),
         }
     }
 }
@@ -410,6 +415,10 @@ struct Sandbox {
     cgroups: cgroup::SandboxCgroups,
     seq: AtomicU64,
     life: tokio::sync::Mutex<Life>,
+    /// Bumped whenever the sandbox stops (or is deleted): ends its watches.
+    stopped: tokio::sync::watch::Sender<u64>,
+    /// What its watches hold now.
+    watches: Arc<watch::Budget>,
 }
 
 #[derive(Debug)]
@@ -584,6 +593,8 @@ impl LocalRuntime {
                     status: SandboxStatus::Stopped,
                     init: None,
                 }),
+                stopped: tokio::sync::watch::Sender::new(0),
+                watches: Arc::default(),
             });
             map.insert(spec.id.clone(), sandbox.clone());
             sandbox
@@ -1034,6 +1045,46 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
         netns::connect_in_netns(&sandbox.netns, port).await
     }
 
+    /// Watches a directory of a running sandbox (see `watch` for the contract): the watch
+    /// is in place when this returns, and ends when the sandbox stops or is deleted.
+    pub async fn watch(&self, id: &str, path: &str, recursive: bool) -> Result<Watcher> {
+        let sandbox = self.get(id)?;
+        let stopped = {
+            // Under the life lock: a stop cannot slip between the check and the subscription.
+            let life = sandbox.life.lock().await;
+            if life.status != SandboxStatus::Running {
+                return Err(LocalboxError::State {
+                    id: id.to_string(),
+                    status: life.status,
+                    op: "watch",
+                    needed: "running",
+                });
+            }
+            sandbox.stopped.subscribe()
+        };
+        let (path, limits) = (path.to_string(), self.config.watch);
+        let (uid, gid) = (self.config.uid, self.config.gid);
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            // The watch's reader task is spawned on the caller's runtime.
+            let _entered = runtime.enter();
+            let request = watch::Request {
+                confined: fs::Confined {
+                    root: &sandbox.root,
+                    uid,
+                    gid,
+                },
+                path: &path,
+                recursive,
+                limits,
+                budget: sandbox.watches.clone(),
+            };
+            watch::start(request, stopped)
+        })
+        .await
+        .map_err(|e| LocalboxError::setup("starting a watch", e))?
+    }
+
     pub async fn status(&self, id: &str) -> Result<SandboxStatus> {
         Ok(self.get(id)?.life.lock().await.status)
     }
@@ -1217,6 +1268,8 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
                 status: SandboxStatus::Stopped,
                 init,
             }),
+            stopped: tokio::sync::watch::Sender::new(0),
+            watches: Arc::default(),
             id: id.to_string(),
         };
         let mut life = orphan.life.lock().await;
@@ -1278,6 +1331,7 @@ exec chroot "$R" /bin/bash -c 'echo ready; exec >/dev/null 2>&1 </dev/null; whil
                 .map_err(|e| LocalboxError::setup("killing the sandbox's processes", e))?;
         }
         life.status = SandboxStatus::Stopped;
+        sandbox.stopped.send_modify(|n| *n += 1);
         Ok(())
     }
 }

@@ -313,6 +313,8 @@ impl LocalRuntime {
                 status: life.status,
                 init,
             }),
+            stopped: tokio::sync::watch::Sender::new(0),
+            watches: Arc::default(),
         };
         self.map().insert(id.to_string(), Arc::new(sandbox));
         Ok(Recovered {

@@ -4,6 +4,7 @@
 use super::authorize::{authorize, instance, invalid, op_failed};
 use super::{Layer, OperationDetail, OpsContext, Principal, LIVE};
 use crate::error::Error;
+use crate::providers::ops::WatchStream;
 use crate::providers::{BoxFuture, OpError, Provider};
 
 /// Largest file a front end accepts for writing.
@@ -70,6 +71,25 @@ pub async fn move_path(
         authorize(ctx, caller, id, Layer::Action, "files.move", detail, LIVE).await?;
     adapter
         .rename(instance(&located), from, to)
+        .await
+        .map_err(|e| op_failed(ctx, id, e))
+}
+
+/// Authorizes `watch` (`input.file.path` and `input.file.recursive`) and starts watching a
+/// directory: refusals (403, 404, 400, 409, 501) are decided here, before any event flows.
+pub async fn watch_dir(
+    ctx: &OpsContext,
+    caller: &Principal,
+    id: &str,
+    path: &str,
+    recursive: bool,
+) -> Result<WatchStream, Error> {
+    check_path("path", path)?;
+    let detail = OperationDetail::Watch { path, recursive };
+    let (located, adapter) =
+        authorize(ctx, caller, id, Layer::Action, "watch", detail, LIVE).await?;
+    adapter
+        .watch(instance(&located), path, recursive)
         .await
         .map_err(|e| op_failed(ctx, id, e))
 }

@@ -84,6 +84,7 @@ pub const ACTION_OPERATIONS: &[&str] = &[
     "pty",
     "stdin",
     "ports",
+    "watch",
     "files.read",
     "files.write",
     "files.list",
@@ -205,6 +206,8 @@ pub enum OperationDetail<'a> {
         path: &'a str,
         destination: Option<&'a str>,
     },
+    /// `input.file` of a `watch`: the directory's `path` and `recursive`.
+    Watch { path: &'a str, recursive: bool },
     /// `input.snapshot`: `kind` and `paths` (null for a provider snapshot).
     Snapshot {
         kind: &'a str,
@@ -242,6 +245,9 @@ impl OperationDetail<'_> {
                 path,
                 destination: Some(to),
             } => ("file", json!({"path": path, "destination": to})),
+            OperationDetail::Watch { path, recursive } => {
+                ("file", json!({"path": path, "recursive": recursive}))
+            }
             OperationDetail::Snapshot { kind, paths } => {
                 ("snapshot", json!({"kind": kind, "paths": paths}))
             }

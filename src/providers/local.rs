@@ -43,7 +43,7 @@ use serde::Deserialize;
 use super::local_limits::{self, LocalLimits, Resolved, Watch};
 use super::ops::{
     ExecSpec, ExecStream, InputMode, InteractiveStream, Lifecycle, OpError, OpErrorKind,
-    SandboxEntry,
+    SandboxEntry, WatchStream,
 };
 use super::{
     BoxFuture, CreateSpec, ErrorClass, Instance, InstanceState, Provider, ProviderError,
@@ -52,7 +52,7 @@ use super::{
 use crate::egress::EgressState;
 use crate::localbox::{
     ConnectError, Enforced, ExecHandle, ExecRequest, Limits, LocalRuntime, LocalboxError,
-    Recovered, RuntimeConfig, SandboxSpec, Unrecoverable,
+    Recovered, RuntimeConfig, SandboxSpec, Unrecoverable, WatchLimits,
 };
 
 /// The labels a local sandbox records its tags under (see [`SandboxSpec::labels`]).
@@ -109,6 +109,11 @@ pub fn runtime_config(config: &LocalConfig) -> RuntimeConfig {
     rc.uid = config.uid;
     rc.gid = config.gid;
     rc.extra_ro_binds = config.extra_ro_binds.clone();
+    rc.watch = WatchLimits {
+        dirs: config.watch.dirs,
+        watchers: config.watch.watchers,
+        queue: config.watch.queue.max(1),
+    };
     rc
 }
 
@@ -535,6 +540,20 @@ impl Provider for LocalProvider {
         })
     }
 
+    fn watch<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        recursive: bool,
+    ) -> BoxFuture<'a, Result<WatchStream, OpError>> {
+        Box::pin(async move {
+            let watcher = self.runtime.watch(instance_id, path, recursive).await?;
+            Ok(WatchStream {
+                events: watcher.into_receiver(),
+            })
+        })
+    }
+
     fn read_file<'a>(
         &'a self,
         instance_id: &'a str,
@@ -724,6 +743,32 @@ pub struct LocalConfig {
     pub max: LocalLimits,
     /// What a graceful stop (SIGTERM, Ctrl-C) does to the running local sandboxes.
     pub on_shutdown: OnShutdown,
+    /// `[local.watch]`: the bounds of directory watching.
+    pub watch: LocalWatch,
+}
+
+/// `[local.watch]`: what watching a sandbox's directories may hold (`localbox::watch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalWatch {
+    /// Directories watched at once per sandbox (all its watches together).
+    pub dirs: usize,
+    /// Watches open at once per sandbox.
+    pub watchers: usize,
+    /// Events waiting for a reader that falls behind, per watch; past it they are dropped
+    /// and the reader is told (`overflow`).
+    pub queue: usize,
+}
+
+impl Default for LocalWatch {
+    fn default() -> Self {
+        let limits = WatchLimits::default();
+        LocalWatch {
+            dirs: limits.dirs,
+            watchers: limits.watchers,
+            queue: limits.queue,
+        }
+    }
 }
 
 /// `[local] on_shutdown`.
@@ -802,6 +847,7 @@ impl Default for LocalConfig {
             defaults: LocalLimits::default(),
             max: LocalLimits::default(),
             on_shutdown: OnShutdown::Keep,
+            watch: LocalWatch::default(),
         }
     }
 }

@@ -614,6 +614,17 @@ pub trait Provider: Send + Sync + 'static {
         let _ = (instance_id, path, parents);
         Box::pin(async { Err(OpError::unsupported(self.kind(), "files.mkdir")) })
     }
+    /// Watches a directory for changes (operation `watch`; see [`ops::WatchStream`]). The
+    /// watch is in place when this answers.
+    fn watch<'a>(
+        &'a self,
+        instance_id: &'a str,
+        path: &'a str,
+        recursive: bool,
+    ) -> BoxFuture<'a, Result<ops::WatchStream, OpError>> {
+        let _ = (instance_id, path, recursive);
+        Box::pin(async { Err(OpError::unsupported(self.kind(), "watch")) })
+    }
     /// Moves a file or directory (`files.move`).
     fn rename<'a>(
         &'a self,

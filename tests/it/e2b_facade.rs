@@ -34,6 +34,11 @@ deny contains "the E2B facade test forbids forbidden-word" if {
 	some arg in input.exec.argv
 	contains(arg, "forbidden-word")
 }
+
+deny contains "the E2B facade test forbids watching this directory" if {
+	input.operation == "watch"
+	contains(input.file.path, "forbidden")
+}
 "#;
 
 const CREATION: &str = r#"package sandgate.creation
@@ -892,4 +897,25 @@ async fn the_sdk_feeds_stdin_and_drives_a_pty() {
     let result = run_gaps(&env, &python, "interactive", &[]).await;
     assert_eq!(result["stdin"], "got-hello\nmore\n", "{result}");
     assert_eq!(result["pty_exit"], 5, "{result}");
+}
+
+/// Issue 31: watching through the official SDK: the sync `files.watch_dir`
+/// (`CreateWatcher` / `GetWatcherEvents`), the async one (`WatchDir`, recursive), and the
+/// action policy refusing `watch` on a local sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_watches_directories_and_policy_can_refuse_it() {
+    let Some(python) = python_or_skip("watch") else {
+        return;
+    };
+    let Some(env) = start("watch", "").await else {
+        return;
+    };
+    let result = run_gaps(&env, &python, "watch", &[]).await;
+    let polled = result["polled"].to_string();
+    assert!(polled.contains(r#"["write","by-command.txt"]"#), "{result}");
+    let streamed = result["streamed"].to_string();
+    assert!(
+        streamed.contains(r#"["write","deep/file.txt"]"#),
+        "{result}"
+    );
 }

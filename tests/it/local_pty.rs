@@ -474,3 +474,83 @@ async fn a_terminal_session_runs_as_a_declared_user_and_refuses_others() {
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("\"admin\" is not declared"), "{body:#}");
 }
+
+/// A TLS-terminating front for the API, as a deployment puts one (the API listener itself
+/// speaks plain HTTP): accepts TLS with `config` and relays the bytes to `api`.
+async fn tls_front(config: std::sync::Arc<rustls::ServerConfig>, api: std::net::SocketAddr) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(api).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
+            });
+        }
+    });
+    port
+}
+
+/// `sandgate sandbox shell` against an `https://` gateway URL: the session runs over
+/// `wss://`, trusting the CA the CLI's HTTP calls trust (`SSL_CERT_FILE`), and refuses a
+/// certificate it does not trust.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_shell_over_wss() {
+    let Some(env) = start("pty_wss", vec![]).await else {
+        return;
+    };
+    let id = env.create(TOKEN_A, json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ca = crate::common::TestCa::new();
+    let port = tls_front(ca.server_config(&["localhost"]), env.gw.server.api_addr()).await;
+    let shell = |trust: std::path::PathBuf| {
+        let mut command = tokio::process::Command::new(BIN);
+        command
+            .args([
+                "sandbox",
+                "shell",
+                &id,
+                "--",
+                "sh",
+                "-c",
+                "echo over-$((6*7)); exit 7",
+            ])
+            .env("SANDGATE_URL", format!("https://localhost:{port}"))
+            .env("SANDGATE_TOKEN", TOKEN_A)
+            .env_remove("SSL_CERT_DIR")
+            .env("SSL_CERT_FILE", trust)
+            .stdin(std::process::Stdio::null());
+        command.output()
+    };
+    let out = shell(ca.pem_path.clone()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(
+        stdout.contains("over-42"),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+
+    // A trust store without the front's CA: the session is refused, nothing runs.
+    let other = crate::common::TestCa::new();
+    let out = shell(other.pem_path.clone()).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(7), "{stderr}");
+    assert!(
+        stderr.to_ascii_lowercase().contains("certificate"),
+        "{stderr}"
+    );
+}

@@ -37,6 +37,17 @@ fn runtime_with(
     extra: Vec<PathBuf>,
     cgroups: CgroupMode,
 ) -> Option<(Arc<LocalRuntime>, tempfile::TempDir)> {
+    runtime_tuned(test, |config| {
+        config.cgroups = cgroups;
+        config.extra_ro_binds = extra;
+    })
+}
+
+/// [`runtime`] with settings of the test's own (`tune` changes the defaults).
+pub(crate) fn runtime_tuned(
+    test: &str,
+    tune: impl FnOnce(&mut RuntimeConfig),
+) -> Option<(Arc<LocalRuntime>, tempfile::TempDir)> {
     if !root_or_skip(&format!("localbox::{test}")) {
         return None;
     }
@@ -45,8 +56,7 @@ fn runtime_with(
     let mut config = RuntimeConfig::new(dir.path().join("sandboxes"));
     config.netns_prefix = NETNS_PREFIX.into();
     config.cgroup_name = CGROUP.into();
-    config.cgroups = cgroups;
-    config.extra_ro_binds = extra;
+    tune(&mut config);
     let runtime = LocalRuntime::new(config).expect("local runtime");
     Some((Arc::new(runtime), dir))
 }

@@ -43,6 +43,7 @@ mod local_provider;
 mod local_pty;
 mod local_restart;
 mod local_seccomp;
+mod local_watch;
 mod localbox;
 mod minted_credentials;
 mod modal_adapter;

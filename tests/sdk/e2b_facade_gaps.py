@@ -24,6 +24,11 @@ facade, FACADE_SDK_VERSION, and FACADE_GAPS naming the part to run:
 - `interactive` (issue 31): commands.run(..., stdin=True) fed by commands.send_stdin and
   ended by close_stdin; pty.create runs bash on a terminal of the asked size, pty.resize
   changes it, pty.send_stdin types into it, and its exit code comes back.
+- `watch` (issue 31): the sync files.watch_dir (CreateWatcher, polled by get_new_events)
+  sees a file a command writes; the async one (WatchDir, a stream) with recursive=True calls
+  on_event for a file written in a subdirectory made after the watch started; a directory
+  the test's action policy refuses to watch (a path containing `forbidden`) makes both
+  raise with the policy's reason.
 
 Prints `FACADE OK {json}` as its last line when every step held; any failed check raises.
 """
@@ -251,6 +256,65 @@ def interactive():
     return {"stdin": done.stdout, "pty_exit": code}
 
 
+def watch():
+    import asyncio
+    import time
+
+    from e2b import AsyncSandbox, FilesystemEventType
+
+    sbx = Sandbox.create(timeout=120)
+    sbx.files.make_dir("/home/user/watched")
+    sbx.files.make_dir("/home/user/forbidden")
+    handle = sbx.files.watch_dir("/home/user/watched")
+    sbx.commands.run("echo hi > /home/user/watched/by-command.txt")
+    polled = []
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        polled += [(e.type.value, e.name) for e in handle.get_new_events()]
+        if ("write", "by-command.txt") in polled:
+            break
+        time.sleep(0.1)
+    check(("create", "by-command.txt") in polled, f"sync watch saw the create: {polled}")
+    check(("write", "by-command.txt") in polled, f"sync watch saw the write: {polled}")
+    handle.stop()
+    refused = raises(
+        Exception,
+        lambda: sbx.files.watch_dir("/home/user/forbidden"),
+        "the policy refuses a sync watch",
+    )
+    check("forbids watching" in str(refused), f"its reason: {refused}")
+
+    async def streamed():
+        asbx = await AsyncSandbox.connect(sbx.sandbox_id)
+        got = []
+        seen = asyncio.Event()
+
+        def on_event(event):
+            got.append((event.type.value, event.name))
+            if event.name == "deep/file.txt" and event.type == FilesystemEventType.WRITE:
+                seen.set()
+
+        await asbx.files.make_dir("/home/user/tree")
+        watcher = await asbx.files.watch_dir("/home/user/tree", on_event, recursive=True)
+        await asbx.commands.run(
+            "mkdir /home/user/tree/deep && sleep 0.5 && echo x > /home/user/tree/deep/file.txt"
+        )
+        await asyncio.wait_for(seen.wait(), 15)
+        await watcher.stop()
+        try:
+            await asbx.files.watch_dir("/home/user/forbidden", on_event)
+        except Exception as e:  # noqa: BLE001 - the SDK's kind depends on the code
+            check("forbids watching" in str(e), f"the policy refuses an async watch: {e}")
+        else:
+            raise AssertionError("an async watch of a forbidden directory started")
+        return got
+
+    got = asyncio.run(streamed())
+    check(("create", "deep") in got, f"the recursive watch saw the directory: {got}")
+    sbx.kill()
+    return {"polled": polled, "streamed": got}
+
+
 def main():
     version = importlib.metadata.version("e2b")
     print(f"e2b SDK {version}", flush=True)
@@ -264,6 +328,7 @@ def main():
         "info": info,
         "egress": egress,
         "interactive": interactive,
+        "watch": watch,
     }[part]()
     result["sdk"] = version
     print("FACADE OK " + json.dumps(result), flush=True)
