@@ -116,10 +116,12 @@ run() { # $1 = requests; prints the instructions counted while curl ran them
   f=$(ls -t "$OUT"/callgrind.out.*.* | head -1)
   grep -m1 '^totals:' "$f" | awk '{print $2}'
   # The request-driven threads' share, from their entry points' inclusive counts. A proxy
-  # worker's entry is named after egress/workers.rs or, when the compiler inlined it, after
-  # tokio's runtime/context.rs (its block_on); no other thread starts there.
+  # worker's entry is named after egress/workers.rs or, depending on what the compiler
+  # inlined into it, after tokio's runtime/context.rs or runtime/scheduler/current_thread
+  # (its block_on: the workers are the only current-thread runtimes); no other thread
+  # starts there.
   callgrind_annotate --inclusive=yes "$f" 2>/dev/null \
-    | grep -E '(egress/workers.rs|tokio-[0-9.]+/src/runtime/context.rs|decision_log[^:]*):std::sys::backtrace::__rust_begin_short_backtrace' \
+    | grep -E '(egress/workers.rs|tokio-[0-9.]+/src/runtime/(context.rs|scheduler/current_thread/mod.rs)|decision_log[^:]*):std::sys::backtrace::__rust_begin_short_backtrace' \
     | grep -v '=>' | awk '{gsub(",", "", $1); s += $1} END {print s + 0}' > "$f.request-threads"
   cp "$f.request-threads" "$OUT/last.request-threads"
 }
