@@ -136,6 +136,15 @@ pub(super) fn is_connect_json(headers: &HeaderMap) -> bool {
         })
 }
 
+/// A server-stream call's one request message, or the answer that ends the call: 415 for
+/// another codec, a failed stream for a malformed envelope.
+pub(super) fn stream_request(headers: &HeaderMap, body: &Bytes) -> Result<Value, Box<Response>> {
+    if !is_connect_json(headers) {
+        return Err(Box::new(unsupported_media()));
+    }
+    connect::single_message(body).map_err(|e| Box::new(stream_failure(&e)))
+}
+
 pub(super) fn unsupported_media() -> Response {
     (
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -237,12 +246,9 @@ pub async fn start(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if !is_connect_json(&headers) {
-        return unsupported_media();
-    }
-    let request = match connect::single_message(&body) {
+    let request = match stream_request(&headers, &body) {
         Ok(request) => request,
-        Err(e) => return stream_failure(&e),
+        Err(answer) => return *answer,
     };
     let (exec, config, tag) = match exec_body(&request, &headers) {
         Ok(parts) => parts,
@@ -376,12 +382,9 @@ pub async fn attach(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if !is_connect_json(&headers) {
-        return unsupported_media();
-    }
-    let request = match connect::single_message(&body) {
+    let request = match stream_request(&headers, &body) {
         Ok(request) => request,
-        Err(e) => return stream_failure(&e),
+        Err(answer) => return *answer,
     };
     let (pid, running) = match state.processes.select(&call.row.id, &request["process"]) {
         Ok(found) => found,

@@ -32,9 +32,7 @@ use tokio::sync::mpsc;
 
 use super::call::EnvdCall;
 use super::errors::rpc_error;
-use super::process::{
-    is_connect_json, keepalive, stream_failure, stream_response, unsupported_media,
-};
+use super::process::{keepalive, stream_failure, stream_request, stream_response};
 use super::FacadeState;
 use crate::e2b::connect::{self, RpcError};
 use crate::e2b::envd;
@@ -136,12 +134,9 @@ pub async fn watch_dir_stream(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if !is_connect_json(&headers) {
-        return unsupported_media();
-    }
-    let request = match connect::single_message(&body) {
+    let request = match stream_request(&headers, &body) {
         Ok(request) => request,
-        Err(e) => return stream_failure(&e),
+        Err(answer) => return *answer,
     };
     let events = match start_watch(state, &call, &request).await {
         Ok(events) => events,
