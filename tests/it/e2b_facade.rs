@@ -652,7 +652,9 @@ async fn envd_speaks_connect_streams_to_raw_clients_and_refuses_what_it_must() {
         (api(reqwest::Method::POST, "/v2/sandboxes").json(&serde_json::json!({"templateID": "base", "mcp": {"x": {}}})), 400),
         (api(reqwest::Method::POST, "/v2/sandboxes").json(&serde_json::json!({"templateID": "base", "network": {"denyOut": ["10.0.0.0/8"]}})), 400),
         (api(reqwest::Method::POST, "/v2/sandboxes").json(&serde_json::json!({"templateID": "base", "envVars": {"HTTPS_PROXY": "http://evil"}})), 400),
-        (api(reqwest::Method::POST, "/v2/sandboxes").body(vec![b' '; 2 << 20]), 413),
+        // Refused before its body is read, so the server closes that connection: the client
+        // must not pool it, or the next case races the close ("incomplete message").
+        (api(reqwest::Method::POST, "/v2/sandboxes").header("connection", "close").body(vec![b' '; 2 << 20]), 413),
         (api(reqwest::Method::GET, "/v2/sandboxes?metadata=a"), 400),
         (api(reqwest::Method::GET, "/v2/sandboxes?limit=1000"), 400),
         (api(reqwest::Method::DELETE, "/sandboxes/sb-nope"), 404),
