@@ -74,6 +74,10 @@ struct Settings {
     tunnel_variants: Vec<TunnelVariant>,
     /// The sandgate binary every sandgate process runs.
     sandgate_bin: PathBuf,
+    /// `SANDGATE_BENCH_BASELINE_BIN`: another sandgate build measured as one more route
+    /// (`sandgate-baseline`) in the same run, so a change is judged against its baseline
+    /// under the same machine conditions rather than against a run made minutes apart.
+    baseline_bin: Option<PathBuf>,
     /// What was done about `RUST_BACKTRACE` (see `main`).
     backtrace_note: String,
     /// The descriptor limit the bench (and so every process it starts) runs with.
@@ -139,6 +143,7 @@ impl Settings {
                 || PathBuf::from(env!("CARGO_BIN_EXE_sandgate")),
                 PathBuf::from,
             ),
+            baseline_bin: std::env::var_os("SANDGATE_BENCH_BASELINE_BIN").map(PathBuf::from),
             backtrace_note: String::new(),
             nofile_note: String::new(),
         }
@@ -2441,7 +2446,7 @@ async fn run(s: Settings) {
         pi = s.policy_iters,
     );
     println!("{}; {}", s.backtrace_note, s.nofile_note);
-    println!("(env: SANDGATE_BENCH_SECS, _WARMUP_SECS, _REPEATS, _CONNS, _H2_CONNS, _H2_STREAMS, _NEWCONN_CONCURRENCY, _MODERATE_CONNS, _MODERATE_RATE, _POLICY_ITERS, _PEERS=0, _KEEP_BACKTRACE=1, _LAYOUT=split|shared, _ORIGIN=process|in-process, _SANDGATE_BIN, _SCENARIOS=keepalive-h1,keepalive-h2,newconn,moderate-h1,moderate-h2 [+ soak, idle-tunnels: _SOAK_SECS, _TUNNELS, _TUNNEL_VARIANTS])");
+    println!("(env: SANDGATE_BENCH_SECS, _WARMUP_SECS, _REPEATS, _CONNS, _H2_CONNS, _H2_STREAMS, _NEWCONN_CONCURRENCY, _MODERATE_CONNS, _MODERATE_RATE, _POLICY_ITERS, _PEERS=0, _KEEP_BACKTRACE=1, _LAYOUT=split|shared, _ORIGIN=process|in-process, _SANDGATE_BIN, _BASELINE_BIN, _SCENARIOS=keepalive-h1,keepalive-h2,newconn,moderate-h1,moderate-h2 [+ soak, idle-tunnels: _SOAK_SECS, _TUNNELS, _TUNNEL_VARIANTS])");
     let standard: Vec<Scenario> = s
         .scenarios
         .iter()
@@ -2558,6 +2563,30 @@ async fn standard_scenarios(
     let mut guards = vec![sandgate];
     // The ceiling route first, then the peers: each gets a column with its ratio to direct.
     let mut peer_names: Vec<&'static str> = vec![TUNNEL_ROUTE];
+    if let Some(bin) = &s.baseline_bin {
+        let base_dir = dir.join("baseline");
+        std::fs::create_dir_all(&base_dir).unwrap();
+        let (guard, addr, ca) = start_sandgate(&base_dir, &origin_ca_path, &s.layout, bin, "");
+        routes.push(Arc::new(Route::new(
+            "sandgate-baseline",
+            origin,
+            Some(ProxyHop {
+                addr,
+                authority: origin_authority.clone(),
+                auth: Some(basic("bench")),
+                pid: guard.pid(),
+            }),
+            &ca,
+            true,
+        )));
+        println!(
+            "sandgate-baseline ({}) pid {} proxy {addr}",
+            bin.display(),
+            guard.pid()
+        );
+        guards.push(guard);
+        peer_names.push("sandgate-baseline");
+    }
     let mut skipped: Vec<String> = Vec::new();
     if s.peers {
         match start_squid(dir, &origin_ca_path, &s.layout, "") {
@@ -2865,7 +2894,7 @@ async fn standard_scenarios(
             if let Some(x) = get(&results, scenario, route.name) {
                 let per = |cores: f64| cores / x.rate * 1e6;
                 let proxy = x.proxy_cores.map_or("-".into(), |c| {
-                    format!("{c:.2} cores = {:.0} µs/op", per(c))
+                    format!("{c:.2} cores = {:.1} µs/op", per(c))
                 });
                 println!(
                     "  {:<14} {:<9} proxy {:<26} bench (client+origin) {:.2} cores = {:.0} µs/op  errors {}",

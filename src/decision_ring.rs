@@ -114,6 +114,9 @@ struct Inner {
 
 pub struct DecisionRing {
     limits: RingLimits,
+    /// `sandgate_decision_ring_bytes`, looked up once (a lookup per record hashed the
+    /// name into the registry each time), in the scope the gateway starts in.
+    bytes_gauge: metrics::Gauge,
     inner: Mutex<Inner>,
     /// The newest sequence number, for streams waiting on the next record.
     latest: watch::Sender<u64>,
@@ -135,6 +138,7 @@ impl DecisionRing {
         }
         Some(Arc::new(DecisionRing {
             limits,
+            bytes_gauge: metrics::gauge!("sandgate_decision_ring_bytes"),
             inner: Mutex::new(Inner {
                 next_seq: 1,
                 ..Inner::default()
@@ -148,7 +152,9 @@ impl DecisionRing {
     }
 
     /// Keeps one record (its JSON line without the newline), evicting the oldest as needed.
-    pub fn push(&self, meta: Meta, json: Vec<u8>) {
+    /// Keeps `json` (which should be allocated to its length: the ring counts its length,
+    /// the allocator the block) under `meta`.
+    pub fn push(&self, meta: Meta, json: Box<[u8]>) {
         let at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -159,7 +165,7 @@ impl DecisionRing {
             workspace: meta.workspace.map(String::into_boxed_str),
             layer: meta.layer,
             decision: meta.decision,
-            json: json.into_boxed_slice(),
+            json,
         };
         let cost = stored.cost();
         if cost > self.limits.max_bytes {
@@ -180,7 +186,7 @@ impl DecisionRing {
             inner.next_seq += 1;
             inner.bytes += cost;
             inner.items.push_back(Arc::new(stored));
-            metrics::gauge!("sandgate_decision_ring_bytes").set(inner.bytes as f64);
+            self.bytes_gauge.set(inner.bytes as f64);
             inner.next_seq - 1
         };
         self.latest.send_replace(seq);

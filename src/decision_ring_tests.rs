@@ -34,7 +34,7 @@ fn the_count_bound_holds_under_many_records() {
     for i in 0..10_000u32 {
         r.push(
             meta("sb", "ws", "allow"),
-            format!("{{\"n\":{i}}}").into_bytes(),
+            format!("{{\"n\":{i}}}").into_bytes().into(),
         );
         assert!(r.usage().0 <= 100);
     }
@@ -53,7 +53,7 @@ fn the_byte_bound_holds_under_many_records_of_any_size() {
     let mut sizes = 0usize;
     for i in 0..5_000usize {
         let len = (i * 7919) % 4000;
-        r.push(meta("sb", "ws", "deny"), vec![b'x'; len]);
+        r.push(meta("sb", "ws", "deny"), vec![b'x'; len].into());
         sizes += len;
         let (_, bytes) = r.usage();
         assert!(bytes <= max, "{bytes} > {max}");
@@ -65,7 +65,7 @@ fn the_byte_bound_holds_under_many_records_of_any_size() {
     assert_eq!(page.len(), count);
     assert_eq!(page.iter().map(|s| s.cost()).sum::<usize>(), bytes);
     // A record bigger than the whole bound is not kept, and evicts nothing.
-    r.push(meta("sb", "ws", "deny"), vec![b'y'; max + 1]);
+    r.push(meta("sb", "ws", "deny"), vec![b'y'; max + 1].into());
     assert_eq!(r.usage(), (count, bytes));
 }
 
@@ -75,7 +75,10 @@ fn pages_are_newest_first_filtered_and_chained_by_cursor() {
     for i in 0..50u32 {
         let ws = if i % 2 == 0 { "even" } else { "odd" };
         let decision = if i % 5 == 0 { "deny" } else { "allow" };
-        r.push(meta(&format!("sb{}", i % 3), ws, decision), b"{}".to_vec());
+        r.push(
+            meta(&format!("sb{}", i % 3), ws, decision),
+            b"{}".as_slice().into(),
+        );
     }
     let filter = Filter {
         workspace: Some("even".into()),
@@ -111,8 +114,8 @@ fn pages_are_newest_first_filtered_and_chained_by_cursor() {
 #[test]
 fn deny_matches_errors_and_since_cuts_older_records() {
     let r = ring(10, 1 << 20);
-    r.push(meta("a", "w", "error"), b"{}".to_vec());
-    r.push(meta("a", "w", "allow"), b"{}".to_vec());
+    r.push(meta("a", "w", "error"), b"{}".as_slice().into());
+    r.push(meta("a", "w", "allow"), b"{}".as_slice().into());
     let deny = Filter {
         decision: Some("deny".into()),
         ..Filter::default()
@@ -129,7 +132,7 @@ fn deny_matches_errors_and_since_cuts_older_records() {
 fn after_reads_on_from_a_cursor_and_reports_what_was_missed() {
     let r = ring(5, 1 << 20);
     for _ in 0..3 {
-        r.push(meta("a", "w", "allow"), b"{}".to_vec());
+        r.push(meta("a", "w", "allow"), b"{}".as_slice().into());
     }
     let read = r.after(&Filter::default(), 1, 100);
     assert!(!read.missed);
@@ -139,7 +142,7 @@ fn after_reads_on_from_a_cursor_and_reports_what_was_missed() {
     );
     assert_eq!(read.cursor, 3);
     for _ in 0..10 {
-        r.push(meta("a", "w", "allow"), b"{}".to_vec());
+        r.push(meta("a", "w", "allow"), b"{}".as_slice().into());
     }
     // Records 4..=8 were evicted before being read.
     let read = r.after(&Filter::default(), 3, 2);

@@ -37,6 +37,7 @@ use tokio::sync::mpsc;
 use crate::decision_ring::{DecisionRing, Meta};
 use crate::telemetry::{DecisionEvent, DecisionExport, DECISIONS_QUEUE};
 
+mod line;
 mod render;
 
 #[derive(Debug, Clone, Serialize)]
@@ -123,8 +124,14 @@ impl LoggedInput {
     /// Appends the loggable input (as [`LoggedInput::to_json`] makes it) to `out`, in one
     /// pass when [`render`] can, else through the JSON tree.
     pub fn write_json(&self, out: &mut Vec<u8>) {
+        self.write_json_with(out, None);
+    }
+
+    /// [`LoggedInput::write_json`], with the writer thread's [`render::Memo`] of objects
+    /// shared between inputs.
+    fn write_json_with(&self, out: &mut Vec<u8>, memo: Option<&mut render::Memo>) {
         let start = out.len();
-        if render::write_input(&self.value, self.full_argv, out).is_err() {
+        if render::write_input(&self.value, self.full_argv, out, memo).is_err() {
             out.truncate(start);
             // Writing a Value into a Vec cannot fail.
             let _ = serde_json::to_writer(&mut *out, &self.to_json());
@@ -145,16 +152,23 @@ impl LoggedInput {
 }
 
 /// `line`, a serialized JSON object, with `"input":` and `input` appended as its last field.
+#[cfg(test)]
 fn with_input(mut line: Vec<u8>, input: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
-    debug_assert_eq!(line.last(), Some(&b'}'));
-    line.pop();
-    if line.last() != Some(&b'{') {
-        line.push(b',');
-    }
-    line.extend_from_slice(b"\"input\":");
-    input(&mut line);
-    line.push(b'}');
+    append_input(&mut line, 0, input);
     line
+}
+
+/// The JSON object written at `out[start..]`, with `"input":` and `input` appended as its
+/// last field.
+fn append_input(out: &mut Vec<u8>, start: usize, input: impl FnOnce(&mut Vec<u8>)) {
+    debug_assert_eq!(out.last(), Some(&b'}'));
+    out.pop();
+    if out.len() > start + 1 {
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"input\":");
+    input(out);
+    out.push(b'}');
 }
 
 /// One policy decision in OPA's decision-log shape, written by the policy engine.
@@ -219,44 +233,21 @@ enum Logged {
     Policy(PolicyRecord),
 }
 
-/// A record serialized: what the ring files it under, its decision id, its JSON text.
+/// What a record rendered into the writer's buffer is filed under: the ring's fields and
+/// its decision id.
 struct Rendered<'a> {
     meta: Meta,
     decision_id: Cow<'a, str>,
-    json: Vec<u8>,
-}
-
-/// An egress record as written: its own fields, flat (what existing readers use), plus the
-/// OPA fields. When policy decided, `decision_id` is the policy decision's, `input` the
-/// complete input it evaluated and `policy_result` its answer (`result` is the record's
-/// outcome, which a later refusal may differ from); otherwise `input` is summarised from the
-/// record and there is no `policy_result` (nothing to replay). The timer is the whole
-/// decision's, as OPA's `timer_server_handler_ns`. `path` keeps its older meaning here (the
-/// request path, query values removed), so the package path is in `policy_path`. `input` is
-/// not a field here: [`with_input`] appends it, written straight from the engine's value.
-#[derive(Serialize)]
-struct EgressLine<'a> {
-    #[serde(flatten)]
-    record: &'a DecisionRecord,
-    decision_id: &'a str,
-    layer: &'static str,
-    policy_path: &'static str,
-    result: serde_json::Value,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    policy_result: Option<&'a serde_json::Value>,
-    timestamp: &'a str,
-    labels: Labels,
-    metrics: EgressMetrics,
-}
-
-#[derive(Serialize)]
-struct EgressMetrics {
-    timer_server_handler_ns: u64,
 }
 
 impl Logged {
-    /// The record serialized, with what the ring files it under and its decision id.
-    fn render(&self) -> serde_json::Result<Rendered<'_>> {
+    /// Appends the record's JSON line (without the newline) to `out`, which it leaves as
+    /// it found it on an error; says what the ring files it under and its decision id.
+    fn render(
+        &self,
+        out: &mut Vec<u8>,
+        memo: &mut render::Memo,
+    ) -> serde_json::Result<Rendered<'_>> {
         match self {
             Logged::Egress(r) => {
                 let meta = Meta {
@@ -270,12 +261,8 @@ impl Logged {
                     || Cow::Owned(new_decision_id()),
                     |p| Cow::Borrowed(p.decision_id.as_str()),
                 );
-                let json = egress_json(r, &decision_id)?;
-                Ok(Rendered {
-                    meta,
-                    decision_id,
-                    json,
-                })
+                line::egress_line(r, &decision_id, out, memo);
+                Ok(Rendered { meta, decision_id })
             }
             Logged::Policy(record) => {
                 let input = &record.input;
@@ -289,63 +276,19 @@ impl Logged {
                     layer: record.layer,
                     decision: record.decision,
                 };
-                let json = with_input(serde_json::to_vec(record)?, |out| input.write_json(out));
+                let start = out.len();
+                if let Err(e) = serde_json::to_writer(&mut *out, record) {
+                    out.truncate(start);
+                    return Err(e);
+                }
+                append_input(out, start, |out| input.write_json_with(out, Some(memo)));
                 Ok(Rendered {
                     meta,
                     decision_id: Cow::Borrowed(&record.decision_id),
-                    json,
                 })
             }
         }
     }
-}
-
-/// An egress record's line ([`EgressLine`]).
-fn egress_json(record: &DecisionRecord, decision_id: &str) -> serde_json::Result<Vec<u8>> {
-    let line = serde_json::to_vec(&EgressLine {
-        record,
-        decision_id,
-        layer: "egress",
-        policy_path: "sandgate/egress",
-        result: egress_result(record),
-        policy_result: record.policy.as_ref().map(|p| &p.result),
-        timestamp: &record.ts,
-        labels: Labels::new(record.policy_generation),
-        metrics: EgressMetrics {
-            timer_server_handler_ns: record.latency_us.saturating_mul(1000),
-        },
-    })?;
-    Ok(with_input(line, |out| match &record.policy {
-        Some(policy) => policy.input.write_json(out),
-        // Writing a Value into a Vec cannot fail.
-        None => drop(serde_json::to_writer(out, &summary_input(record))),
-    }))
-}
-
-/// What happened to an egress request, in OPA's `result` shape (with the refusal's code).
-fn egress_result(record: &DecisionRecord) -> serde_json::Value {
-    let allowed = record.decision == "allow";
-    let deny = if allowed {
-        Vec::new()
-    } else {
-        record.reasons.clone()
-    };
-    let mut result = serde_json::json!({"allow": allowed, "deny": deny});
-    if let Some(action) = &record.action {
-        result["action"] = action.clone().into();
-    }
-    if let Some(code) = record.code {
-        result["code"] = code.into();
-    }
-    // Let through under audit: what happened carries what policy would have refused.
-    if let Some(would) = record
-        .policy
-        .as_ref()
-        .and_then(|p| p.result.get("would_deny"))
-    {
-        result["would_deny"] = would.clone();
-    }
-    result
 }
 
 /// The input of an egress record policy did not decide, from the record's own fields.
@@ -432,6 +375,8 @@ impl DecisionLog {
                     ring,
                     export,
                     batch: Vec::new(),
+                    scratch: Vec::new(),
+                    memo: render::Memo::default(),
                     queued: Queued::new(),
                 };
                 writer.run(rx);
@@ -524,6 +469,9 @@ struct Writer {
     export: Option<DecisionExport>,
     /// The sink's pending lines.
     batch: Vec<u8>,
+    /// Where each record is rendered ([`Writer::keep`]).
+    scratch: Vec<u8>,
+    memo: render::Memo,
     queued: Queued,
 }
 
@@ -549,6 +497,9 @@ impl Queued {
         }
     }
 }
+
+/// The largest render buffer the writer keeps between records.
+const SCRATCH_KEPT: usize = 64 << 10;
 
 /// While records keep coming, the writer sleeps this long between drains instead of parking
 /// on the channel: a parked receiver is woken by every send, which on a busy proxy is a
@@ -615,32 +566,38 @@ impl Writer {
         }
     }
 
+    /// Renders `record` once, into the writer's own buffer (so a line costs no buffer
+    /// grown by doubling), and hands the same bytes to the export, the sink's batch and the
+    /// ring, which gets a copy allocated to the line's length: the ring bounds its records
+    /// by their length, so a block twice as long (where a doubled buffer ended) would hold
+    /// up to twice the memory its bound says.
     fn keep(&mut self, record: Logged) {
-        let Ok(Rendered {
-            meta,
-            decision_id,
-            json,
-        }) = record.render()
-        else {
-            return;
-        };
-        if let Some(export) = &self.export {
-            export.emit(DecisionEvent {
-                decision_id: &decision_id,
-                layer: meta.layer,
-                decision: meta.decision,
-                sandbox: meta.sandbox.as_deref(),
-                workspace: meta.workspace.as_deref(),
-                json: &json,
-            });
+        let mut json = std::mem::take(&mut self.scratch);
+        json.clear();
+        if let Ok(Rendered { meta, decision_id }) = record.render(&mut json, &mut self.memo) {
+            if let Some(export) = &self.export {
+                export.emit(DecisionEvent {
+                    decision_id: &decision_id,
+                    layer: meta.layer,
+                    decision: meta.decision,
+                    sandbox: meta.sandbox.as_deref(),
+                    workspace: meta.workspace.as_deref(),
+                    json: &json,
+                });
+            }
+            if self.out.is_some() {
+                self.batch.extend_from_slice(&json);
+                self.batch.push(b'\n');
+            }
+            if let Some(ring) = &self.ring {
+                ring.push(meta, Box::from(json.as_slice()));
+            }
         }
-        if self.out.is_some() {
-            self.batch.extend_from_slice(&json);
-            self.batch.push(b'\n');
+        // One very large record does not keep its buffer for the life of the process.
+        if json.capacity() > SCRATCH_KEPT {
+            json = Vec::new();
         }
-        if let Some(ring) = &self.ring {
-            ring.push(meta, json);
-        }
+        self.scratch = json;
     }
 
     /// Writes the pending lines to the sink.

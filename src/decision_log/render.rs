@@ -28,11 +28,13 @@ use crate::base::scan;
 pub(super) struct Declined;
 
 /// Appends `input` as redacted JSON to `out`; on [`Declined`], `out` may hold a partial
-/// document and must be truncated by the caller.
+/// document and must be truncated by the caller. With a `memo`, the input's top-level
+/// objects are written from it when it has them ([`Memo`]).
 pub(super) fn write_input(
     input: &Value,
     full_argv: bool,
     out: &mut Vec<u8>,
+    memo: Option<&mut Memo>,
 ) -> Result<(), Declined> {
     if !full_argv {
         if let Value::Object(fields) = input {
@@ -41,43 +43,108 @@ pub(super) fn write_input(
             }
         }
     }
-    write_value(input, out)
+    match memo {
+        Some(memo) => write_object(input, out, &mut |key, value, out| match value {
+            Value::Object(_) if !is_secret(key) => memo.write(value, out),
+            _ => write_field(key, value, out),
+        }),
+        None => write_value(input, out),
+    }
+}
+
+/// Rendered top-level objects of recent inputs, by identity. The parts of an egress input
+/// that describe the sandbox and the destination are built once per tunnel and shared by
+/// every request in it (reference-counted), so each request's record would render the same
+/// objects again: two thirds of an input's bytes. An entry keeps its object alive, so an
+/// address in the memo is never a freed and reused one; at most [`MEMO_SLOTS`] are kept.
+/// An object's rendering does not depend on where it appears, once its key is known not
+/// to be one whose value is redacted whole (checked before the memo is asked).
+#[derive(Default)]
+pub(super) struct Memo {
+    entries: Vec<(Value, Box<[u8]>)>,
+    next: usize,
+}
+
+const MEMO_SLOTS: usize = 8;
+
+impl Memo {
+    fn write(&mut self, value: &Value, out: &mut Vec<u8>) -> Result<(), Declined> {
+        let Value::Object(fields) = value else {
+            return write_value(value, out);
+        };
+        let at = std::ptr::from_ref(&**fields);
+        let found = self.entries.iter().find(|(kept, _)| match kept {
+            Value::Object(kept) => std::ptr::eq(&**kept, at),
+            _ => false,
+        });
+        if let Some((_, bytes)) = found {
+            out.extend_from_slice(bytes);
+            return Ok(());
+        }
+        let start = out.len();
+        write_value(value, out)?;
+        let entry = (value.clone(), Box::from(&out[start..]));
+        if self.entries.len() < MEMO_SLOTS {
+            self.entries.push(entry);
+        } else {
+            self.entries[self.next] = entry;
+            self.next = (self.next + 1) % MEMO_SLOTS;
+        }
+        Ok(())
+    }
 }
 
 fn write_value(value: &Value, out: &mut Vec<u8>) -> Result<(), Declined> {
     match value {
-        Value::String(s) => write_str(&scan::redact(s), out),
+        Value::String(s) => write_text(s, out),
         Value::Array(items) => write_seq(items.iter(), out)?,
         Value::Set(items) => write_seq(items.iter_sorted(), out)?,
-        Value::Object(fields) => {
-            out.push(b'{');
-            for (i, (key, value)) in fields.iter_sorted().enumerate() {
-                let Value::String(key) = key else {
-                    return Err(Declined);
-                };
-                if scan::mentions_placeholder(key.as_bytes()) {
-                    return Err(Declined);
-                }
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_str(key, out);
-                out.push(b':');
-                write_field(key, value, out)?;
-            }
-            out.push(b'}');
-        }
+        Value::Object(_) => write_object(value, out, &mut write_field)?,
         // Null, booleans, numbers and undefined: as the engine's own serializer writes them.
         other => serde_json::to_writer(&mut *out, other).map_err(|_| Declined)?,
     }
     Ok(())
 }
 
+/// How an object's member value is written, given its key.
+type FieldWriter<'a> = dyn FnMut(&str, &Value, &mut Vec<u8>) -> Result<(), Declined> + 'a;
+
+/// An object: its keys checked and written, each value by `field`.
+fn write_object(
+    object: &Value,
+    out: &mut Vec<u8>,
+    field: &mut FieldWriter<'_>,
+) -> Result<(), Declined> {
+    let Value::Object(fields) = object else {
+        return write_value(object, out);
+    };
+    out.push(b'{');
+    for (i, (key, value)) in fields.iter_sorted().enumerate() {
+        let Value::String(key) = key else {
+            return Err(Declined);
+        };
+        if class_of(key) & MAY_HOLD_PLACEHOLDER != 0 && scan::mentions_placeholder(key.as_bytes()) {
+            return Err(Declined);
+        }
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(key, out);
+        out.push(b':');
+        field(key, value, out)?;
+    }
+    out.push(b'}');
+    Ok(())
+}
+
+fn is_secret(key: &str) -> bool {
+    SECRET_KEYS.iter().any(|k| k.eq_ignore_ascii_case(key))
+}
+
 /// An object's value under `key`, with the key's own redaction rule.
 fn write_field(key: &str, value: &Value, out: &mut Vec<u8>) -> Result<(), Declined> {
-    let secret = SECRET_KEYS.iter().any(|k| k.eq_ignore_ascii_case(key));
     match value {
-        _ if secret && *value != Value::Null => write_str(REDACTED, out),
+        _ if *value != Value::Null && is_secret(key) => write_str(REDACTED, out),
         Value::String(s) if key.eq_ignore_ascii_case("path") => {
             write_str(&scan::redact(&redact_query(s)), out)
         }
@@ -101,12 +168,54 @@ fn write_seq<'a>(
     Ok(())
 }
 
+/// A string value: [`scan::redact`]ed when it may hold a placeholder, then written.
+fn write_text(s: &str, out: &mut Vec<u8>) {
+    let class = class_of(s);
+    if class & MAY_HOLD_PLACEHOLDER != 0 {
+        write_str(&scan::redact(s), out);
+    } else {
+        write_classified(s, class, out);
+    }
+}
+
+/// A byte JSON escapes inside a string: a control character, `"` or `\`.
+const ESCAPED: u8 = 1;
+/// A byte without which no placeholder can be found: `_` ends every prefix, `%` starts
+/// every percent-encoded form ([`scan::mentions_placeholder`] looks no further).
+const MAY_HOLD_PLACEHOLDER: u8 = 2;
+
+/// Each byte's classes, so one pass over a string answers both questions.
+static CLASSES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = ESCAPED;
+        b += 1;
+    }
+    table[b'"' as usize] = ESCAPED;
+    table[b'\\' as usize] = ESCAPED;
+    table[b'_' as usize] = MAY_HOLD_PLACEHOLDER;
+    table[b'%' as usize] = MAY_HOLD_PLACEHOLDER;
+    table
+};
+
+/// The union of the classes of `s`'s bytes.
+fn class_of(s: &str) -> u8 {
+    s.bytes()
+        .fold(0, |class, b| class | CLASSES[usize::from(b)])
+}
+
+/// Appends `s` as a JSON string.
 pub(super) fn write_str(s: &str, out: &mut Vec<u8>) {
+    write_classified(s, class_of(s), out);
+}
+
+fn write_classified(s: &str, class: u8, out: &mut Vec<u8>) {
     // Most strings of an input (header names and values, hosts, paths) need no escaping:
     // they are copied whole, which is a fraction of what serde_json's byte-by-byte escaper
     // costs per call. Anything else goes through serde_json's own escaping; writing into a
     // Vec cannot fail.
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    if class & ESCAPED == 0 {
         out.reserve(s.len() + 2);
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());

@@ -8,7 +8,7 @@ const PLACEHOLDER: &str = "sgph_0123456789abcdef0123456789abcdef01234567";
 
 fn rendered(input: &Value, full_argv: bool) -> Result<serde_json::Value, Declined> {
     let mut out = Vec::new();
-    write_input(input, full_argv, &mut out)?;
+    write_input(input, full_argv, &mut out, None)?;
     Ok(serde_json::from_slice(&out).expect("the writer writes JSON"))
 }
 
@@ -181,4 +181,78 @@ proptest! {
         super::write_str(&s, &mut ours);
         prop_assert_eq!(ours, serde_json::to_vec(&s).unwrap());
     }
+}
+
+/// Objects built once and shared by several inputs (as a tunnel's sandbox and destination
+/// are shared by its requests), under any keys, secret ones included.
+fn shared_inputs() -> impl Strategy<Value = Vec<Value>> {
+    let parts = prop::collection::vec(
+        prop::collection::vec((prop::sample::select(KEYS), value()), 0..4)
+            .prop_map(|fields| object(fields.into_iter().collect())),
+        1..4,
+    );
+    parts.prop_flat_map(|parts| {
+        let n = parts.len();
+        let input = prop::collection::vec((prop::sample::select(KEYS), 0..n), 0..4);
+        prop::collection::vec(input, 1..8).prop_map(move |inputs| {
+            inputs
+                .into_iter()
+                .map(|fields| {
+                    object(
+                        fields
+                            .into_iter()
+                            .map(|(key, i)| (key, parts[i].clone()))
+                            .collect(),
+                    )
+                })
+                .collect()
+        })
+    })
+}
+
+proptest! {
+    /// Through the writer's memo, every input is written byte for byte as without it (or
+    /// declined as without it), however its objects were shared with earlier inputs.
+    #[test]
+    fn the_memo_writes_what_the_writer_writes(inputs in shared_inputs()) {
+        let mut memo = super::Memo::default();
+        for input in &inputs {
+            let mut plain = Vec::new();
+            let plain = write_input(input, false, &mut plain, None).map(|()| plain);
+            let mut memoized = Vec::new();
+            let memoized =
+                write_input(input, false, &mut memoized, Some(&mut memo)).map(|()| memoized);
+            prop_assert_eq!(plain, memoized);
+        }
+    }
+}
+
+#[test]
+fn the_memo_serves_a_shared_object_and_forgets_the_oldest() {
+    let shared = object(vec![("host", Value::from("api.example.com"))]);
+    let mut memo = super::Memo::default();
+    let input = object(vec![("destination", shared.clone())]);
+    let mut first = Vec::new();
+    write_input(&input, false, &mut first, Some(&mut memo)).unwrap();
+    assert_eq!(memo.entries.len(), 1);
+    let mut again = Vec::new();
+    write_input(&input, false, &mut again, Some(&mut memo)).unwrap();
+    assert_eq!(first, again);
+    assert_eq!(
+        memo.entries.len(),
+        1,
+        "served from the memo, not added again"
+    );
+    // An equal object built apart is another entry: identity, not equality.
+    let twin = object(vec![(
+        "destination",
+        object(vec![("host", Value::from("api.example.com"))]),
+    )]);
+    write_input(&twin, false, &mut Vec::new(), Some(&mut memo)).unwrap();
+    assert_eq!(memo.entries.len(), 2);
+    for i in 0..20 {
+        let other = object(vec![("d", object(vec![("n", Value::from(i as u64))]))]);
+        write_input(&other, false, &mut Vec::new(), Some(&mut memo)).unwrap();
+    }
+    assert_eq!(memo.entries.len(), super::MEMO_SLOTS, "bounded");
 }

@@ -84,12 +84,12 @@ impl Outcome {
 /// people who must not learn what a sandbox could exchange for a secret.
 pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, started: Instant) {
     let latency = started.elapsed();
-    metrics::histogram!("sandgate_proxy_decision_seconds", "phase" => outcome.phase)
+    use crate::telemetry::hot;
+    hot::histogram1("sandgate_proxy_decision_seconds", ("phase", outcome.phase))
         .record(latency.as_secs_f64());
-    metrics::counter!(
+    hot::counter(
         "sandgate_egress_decisions_total",
-        "phase" => outcome.phase,
-        "decision" => outcome.decision
+        [("phase", outcome.phase), ("decision", outcome.decision)],
     )
     .increment(1);
     let host = scan::redact(&target.host);

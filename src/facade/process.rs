@@ -308,6 +308,12 @@ async fn pump(
     let mut primary = Some(tx);
     while let Some(event) = events.recv().await {
         let exit = matches!(event, ExecEvent::Exit(_));
+        if exit {
+            // Gone from the table before anyone hears its end: a client that kills or
+            // connects to the pid after reading the end frame is told it is not found,
+            // rather than racing this task to the removal.
+            registry.map().remove(&pid);
+        }
         for frame in frames_of(event, running.pty) {
             let _ = running.frames.send(frame.clone());
             if let Some(tx) = &primary {
@@ -317,7 +323,7 @@ async fn pump(
             }
         }
         if exit {
-            break;
+            return;
         }
     }
     registry.map().remove(&pid);

@@ -606,10 +606,14 @@ impl PolicyEngine {
         let eval_time = started.elapsed();
         decision.generation = generation.number;
         decision.eval_time = eval_time;
-        metrics::histogram!("sandgate_policy_eval_seconds", "layer" => layer)
+        use crate::telemetry::hot;
+        hot::histogram1("sandgate_policy_eval_seconds", ("layer", layer))
             .record(eval_time.as_secs_f64());
-        metrics::counter!("sandgate_policy_decisions_total", "layer" => layer, "outcome" => outcome)
-            .increment(1);
+        hot::counter(
+            "sandgate_policy_decisions_total",
+            [("layer", layer), ("outcome", outcome)],
+        )
+        .increment(1);
         match (log, caller_log, logged_input) {
             (Some(log), _, Some(input)) => {
                 decision.decision_id = Some(write_record(log, layer, outcome, &decision, &input));
@@ -917,12 +921,12 @@ impl Verdict {
 
 /// The strings of a `deny`-like rule's set (or array); nothing when undefined.
 fn reason_list(value: &Value) -> Vec<String> {
-    if let Ok(set) = value.as_set() {
-        set.iter().map(value_text).collect()
-    } else if let Ok(array) = value.as_array() {
-        array.iter().map(value_text).collect()
-    } else {
-        Vec::new()
+    // Matched rather than asked (`as_set`, `as_array`): each refused ask builds an error,
+    // and an empty `deny` (what every allowed request has) was refused twice.
+    match value {
+        Value::Set(set) => set.iter().map(value_text).collect(),
+        Value::Array(array) => array.iter().map(value_text).collect(),
+        _ => Vec::new(),
     }
 }
 

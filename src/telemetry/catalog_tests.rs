@@ -8,7 +8,7 @@ use crate::telemetry::MetricsScope;
 /// `ActiveGauge::new` whose first argument is a literal), with the file it is in.
 fn names_in_sources() -> BTreeSet<(String, String)> {
     let pattern = regex::Regex::new(
-        r#"(?:counter!|gauge!|histogram!|ActiveGauge::new)\(\s*"(sandgate_[a-z0-9_]+)""#,
+        r#"(?:counter!|gauge!|histogram!|ActiveGauge::new|hot::counter|hot::histogram1)\(\s*"(sandgate_[a-z0-9_]+)""#,
     )
     .unwrap();
     let mut found = BTreeSet::new();

@@ -3,6 +3,7 @@
 //! [`MetricsScope`] of one gateway's own, both described by the [`catalog`].
 
 pub mod catalog;
+pub mod hot;
 pub mod otlp;
 pub mod otlp_logs;
 
