@@ -18,7 +18,9 @@
 //! [`crate::base::scan::redact`]ed. `render_tests.rs` holds the two paths to the same
 //! document over generated inputs.
 
-use regorus::Value;
+use std::collections::HashMap;
+
+use regorus::{Rc, Value};
 
 use super::{redact_query, REDACTED, SECRET_KEYS};
 use crate::base::scan;
@@ -55,42 +57,52 @@ pub(super) fn write_input(
 /// Rendered top-level objects of recent inputs, by identity. The parts of an egress input
 /// that describe the sandbox and the destination are built once per tunnel and shared by
 /// every request in it (reference-counted), so each request's record would render the same
-/// objects again: two thirds of an input's bytes. An entry keeps its object alive, so an
-/// address in the memo is never a freed and reused one; at most [`MEMO_SLOTS`] are kept.
+/// objects again: two thirds of an input's bytes. Only objects something else also holds
+/// are kept (a request's own object is never seen again, and would push the shared ones
+/// out). An entry keeps its object alive, so an address in the memo is never a freed and
+/// reused one. At most [`MEMO_SLOTS`] are kept: when full, the entries only the memo still
+/// holds go (their tunnels have closed), and if that frees nothing, all of them.
 /// An object's rendering does not depend on where it appears, once its key is known not
 /// to be one whose value is redacted whole (checked before the memo is asked).
 #[derive(Default)]
 pub(super) struct Memo {
-    entries: Vec<(Value, Box<[u8]>)>,
-    next: usize,
+    entries: HashMap<usize, (Value, Box<[u8]>)>,
 }
 
-const MEMO_SLOTS: usize = 8;
+/// Enough for the shared objects of a few hundred busy tunnels (two or three each).
+const MEMO_SLOTS: usize = 256;
 
 impl Memo {
     fn write(&mut self, value: &Value, out: &mut Vec<u8>) -> Result<(), Declined> {
         let Value::Object(fields) = value else {
             return write_value(value, out);
         };
-        let at = std::ptr::from_ref(&**fields);
-        let found = self.entries.iter().find(|(kept, _)| match kept {
-            Value::Object(kept) => std::ptr::eq(&**kept, at),
-            _ => false,
-        });
-        if let Some((_, bytes)) = found {
+        if Rc::strong_count(fields) < 2 {
+            return write_value(value, out);
+        }
+        let at = Rc::as_ptr(fields) as usize;
+        if let Some((_, bytes)) = self.entries.get(&at) {
             out.extend_from_slice(bytes);
             return Ok(());
         }
         let start = out.len();
         write_value(value, out)?;
-        let entry = (value.clone(), Box::from(&out[start..]));
-        if self.entries.len() < MEMO_SLOTS {
-            self.entries.push(entry);
-        } else {
-            self.entries[self.next] = entry;
-            self.next = (self.next + 1) % MEMO_SLOTS;
+        if self.entries.len() >= MEMO_SLOTS {
+            self.forget_closed();
         }
+        self.entries
+            .insert(at, (value.clone(), Box::from(&out[start..])));
         Ok(())
+    }
+
+    fn forget_closed(&mut self) {
+        self.entries.retain(|_, (kept, _)| match kept {
+            Value::Object(fields) => Rc::strong_count(fields) > 1,
+            _ => false,
+        });
+        if self.entries.len() >= MEMO_SLOTS {
+            self.entries.clear();
+        }
     }
 }
 

@@ -228,7 +228,7 @@ proptest! {
 }
 
 #[test]
-fn the_memo_serves_a_shared_object_and_forgets_the_oldest() {
+fn the_memo_serves_shared_objects_only_and_stays_bounded() {
     let shared = object(vec![("host", Value::from("api.example.com"))]);
     let mut memo = super::Memo::default();
     let input = object(vec![("destination", shared.clone())]);
@@ -243,16 +243,38 @@ fn the_memo_serves_a_shared_object_and_forgets_the_oldest() {
         1,
         "served from the memo, not added again"
     );
+    // An object only the input holds is written, never kept.
+    let own = object(vec![("request", object(vec![("path", Value::from("/"))]))]);
+    write_input(&own, false, &mut Vec::new(), Some(&mut memo)).unwrap();
+    assert_eq!(memo.entries.len(), 1, "a request's own object is not kept");
     // An equal object built apart is another entry: identity, not equality.
-    let twin = object(vec![(
-        "destination",
-        object(vec![("host", Value::from("api.example.com"))]),
-    )]);
-    write_input(&twin, false, &mut Vec::new(), Some(&mut memo)).unwrap();
+    let twin = object(vec![("host", Value::from("api.example.com"))]);
+    let twin_input = object(vec![("destination", twin.clone())]);
+    write_input(&twin_input, false, &mut Vec::new(), Some(&mut memo)).unwrap();
     assert_eq!(memo.entries.len(), 2);
-    for i in 0..20 {
-        let other = object(vec![("d", object(vec![("n", Value::from(i as u64))]))]);
-        write_input(&other, false, &mut Vec::new(), Some(&mut memo)).unwrap();
+    // Full of objects whose holders are gone: those go, the live ones stay.
+    for i in 0..super::MEMO_SLOTS {
+        let gone = object(vec![("n", Value::from(i as u64))]);
+        let input = object(vec![("d", gone.clone())]);
+        write_input(&input, false, &mut Vec::new(), Some(&mut memo)).unwrap();
     }
-    assert_eq!(memo.entries.len(), super::MEMO_SLOTS, "bounded");
+    assert!(memo.entries.len() <= super::MEMO_SLOTS, "bounded");
+    let mut served = Vec::new();
+    let before = memo.entries.len();
+    write_input(&input, false, &mut served, Some(&mut memo)).unwrap();
+    assert_eq!(served, first);
+    assert_eq!(
+        memo.entries.len(),
+        before,
+        "a live shared object outlived the sweep"
+    );
+    // Full of objects still held elsewhere: the memo starts over rather than grow.
+    let held: Vec<Value> = (0..super::MEMO_SLOTS + 1)
+        .map(|i| object(vec![("n", Value::from(i as u64))]))
+        .collect();
+    for part in &held {
+        let input = object(vec![("d", part.clone())]);
+        write_input(&input, false, &mut Vec::new(), Some(&mut memo)).unwrap();
+    }
+    assert!(memo.entries.len() <= super::MEMO_SLOTS, "bounded");
 }

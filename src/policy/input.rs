@@ -141,10 +141,12 @@ pub fn request_value(r: &RequestFacts<'_>) -> Value {
         if headers.contains_key(&key) {
             continue;
         }
-        headers.insert(
-            key,
-            Value::from(String::from_utf8_lossy(value.as_bytes()).into_owned()),
-        );
+        // Straight into the engine's string when the bytes are UTF-8 (one copy, not two).
+        let text = match std::str::from_utf8(value.as_bytes()) {
+            Ok(text) => Value::from(text),
+            Err(_) => Value::from(String::from_utf8_lossy(value.as_bytes()).into_owned()),
+        };
+        headers.insert(key, text);
     }
     obj(vec![
         ("method", Value::from(r.method)),
