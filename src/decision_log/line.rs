@@ -140,7 +140,10 @@ fn own_fields(r: &DecisionRecord, line: &mut Obj<'_>) {
     line.str("protocol", r.protocol);
     line.str("host", &r.host);
     line.num("port", u64::from(r.port));
-    let present = [("ip", &r.ip), ("method", &r.method), ("path", &r.path)];
+    if let Some(ip) = r.ip {
+        line.str("ip", &ip.to_string());
+    }
+    let present = [("method", &r.method), ("path", &r.path)];
     for (key, value) in present {
         if let Some(value) = value {
             line.str(key, value);

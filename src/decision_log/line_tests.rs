@@ -131,7 +131,7 @@ prop_compose! {
         (ts, sandbox, workspace, host, port) in
             (text(), proptest::option::of(text()), proptest::option::of(text()), text(), any::<u16>()),
         (ip, method, path) in
-            (proptest::option::of(text()), proptest::option::of(text()), proptest::option::of(text())),
+            (proptest::option::of(any::<std::net::IpAddr>()), proptest::option::of(text()), proptest::option::of(text())),
         (kind, phase, protocol, decision) in (
             one_of(&["egress", "policy"]),
             one_of(&["connect", "request"]),

@@ -51,7 +51,8 @@ pub struct DecisionRecord {
     pub host: String,
     pub port: u16,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ip: Option<String>,
+    /// Formatted on the writer thread, not the request path (serde writes it as text).
+    pub ip: Option<std::net::IpAddr>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -114,7 +114,7 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
         protocol: outcome.protocol,
         host: host.into_owned(),
         port: target.port,
-        ip: outcome.ip.map(|ip| ip.to_string()),
+        ip: outcome.ip,
         method: Some(loggable(outcome.method)),
         path: outcome.path.map(|p| loggable(redact_query(&p))),
         decision: outcome.decision,

@@ -387,15 +387,13 @@ async fn upstream_request(
     applied: &Applied,
 ) -> Phase<Response<Incoming>> {
     let target = ctx.target.clone();
-    parts.uri = format!("{}://{}{}", ctx.scheme, target.authority, ctx.path)
-        .parse()
-        .map_err(|_| {
-            Stop::deny(Error::new(
-                Kind::Invalid,
-                "bad_request",
-                "malformed request target",
-            ))
-        })?;
+    parts.uri = target.upstream_uri(ctx.scheme, &ctx.path).ok_or_else(|| {
+        Stop::deny(Error::new(
+            Kind::Invalid,
+            "bad_request",
+            "malformed request target",
+        ))
+    })?;
     let websocket = upgrade.is_some();
     strip_hop_by_hop(&mut parts.headers, websocket);
     // The client sets Host (h1) or :authority (h2) from the URI, which is the vetted target

@@ -14,6 +14,8 @@ pub(crate) struct Target {
     pub port: u16,
     /// `host:port` as it goes into an upstream URI.
     pub authority: String,
+    /// [`Self::authority`] parsed once per tunnel, for [`Self::upstream_uri`].
+    uri_authority: Option<http::uri::Authority>,
     /// The sandbox part of every policy input, built once per tunnel.
     pub sandbox: regorus::Value,
 }
@@ -26,13 +28,36 @@ impl Target {
             format!("{host}:{port}")
         };
         let sandbox = sandbox_value(&identity);
+        let uri_authority = authority.parse().ok();
         Target {
             identity,
             host,
             port,
             authority,
+            uri_authority,
             sandbox,
         }
+    }
+
+    /// The upstream URI of a request to this target: the URI `{scheme}://{authority}{path}`
+    /// parses to (`None` where that text does not parse), built from the authority parsed
+    /// once per tunnel, so a request pays only for checking its own path.
+    pub fn upstream_uri(&self, scheme: &str, path_and_query: &str) -> Option<http::Uri> {
+        let (Some(authority), true) = (&self.uri_authority, path_and_query.starts_with('/')) else {
+            // Paths that are not origin-form: whatever the text makes of them.
+            return format!("{scheme}://{}{path_and_query}", self.authority)
+                .parse()
+                .ok();
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(match scheme {
+            "https" => http::uri::Scheme::HTTPS,
+            "http" => http::uri::Scheme::HTTP,
+            other => other.parse().ok()?,
+        });
+        parts.authority = Some(authority.clone());
+        parts.path_and_query = Some(path_and_query.parse().ok()?);
+        http::Uri::from_parts(parts).ok()
     }
 }
 
@@ -51,3 +76,7 @@ pub(crate) fn split_authority(
         authority.port_u16().unwrap_or(default_port),
     ))
 }
+
+#[cfg(test)]
+#[path = "target_tests.rs"]
+mod tests;
