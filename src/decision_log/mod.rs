@@ -545,6 +545,7 @@ impl Writer {
             self.queued.set(rx.len());
             empty = if got { 0 } else { empty + 1 };
             if empty >= IDLE_DRAINS {
+                self.memo.clear();
                 return true;
             }
             std::thread::sleep(POLL_EVERY);

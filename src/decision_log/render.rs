@@ -95,6 +95,16 @@ impl Memo {
         Ok(())
     }
 
+    /// Lets go of every entry (and the map's room): done when the writer goes idle, so
+    /// the memo never holds the objects of tunnels that closed meanwhile. Those objects
+    /// were allocated by the worker threads among each tunnel's other allocations, so a
+    /// few hundred of them kept alive pin allocator pages that would otherwise go back
+    /// (measured: 10,000 tunnels that each carried a request left RSS +24.9 MiB over its
+    /// level before they opened, against +20.4 MiB without a memo).
+    pub(super) fn clear(&mut self) {
+        self.entries = HashMap::new();
+    }
+
     fn forget_closed(&mut self) {
         self.entries.retain(|_, (kept, _)| match kept {
             Value::Object(fields) => Rc::strong_count(fields) > 1,

@@ -277,4 +277,9 @@ fn the_memo_serves_shared_objects_only_and_stays_bounded() {
         write_input(&input, false, &mut Vec::new(), Some(&mut memo)).unwrap();
     }
     assert!(memo.entries.len() <= super::MEMO_SLOTS, "bounded");
+    memo.clear();
+    assert!(memo.entries.is_empty(), "cleared when the writer goes idle");
+    let mut after = Vec::new();
+    write_input(&input, false, &mut after, Some(&mut memo)).unwrap();
+    assert_eq!(after, first, "and written the same afterwards");
 }
