@@ -4,22 +4,41 @@
 //! Contract:
 //! - Bounded twice: at most `[log] decisions_ring` records and `[log] decisions_ring_bytes`
 //!   bytes (each record counts its JSON text, its filter fields and a fixed overhead). When a
-//!   push would pass either bound the oldest records are evicted; a record larger than the
-//!   byte bound alone is not kept at all (counted in
-//!   `sandgate_decision_ring_dropped_total`). `decisions_ring = 0` disables the ring.
-//! - Records are kept as their serialized JSON line (the exact bytes the decision log
-//!   writes), not as a JSON tree: a ~2 KB record costs ~2 KB, not the tens of small
-//!   allocations a `serde_json::Value` would.
+//!   push passes either bound, old records are evicted: the oldest of the pushing thread's
+//!   shard first (below), then the oldest of another shard; a record larger than the byte
+//!   bound alone is not kept at all (counted in `sandgate_decision_ring_dropped_total`).
+//!   `decisions_ring = 0` disables the ring.
+//! - Sharded by the thread that pushes: each thread files its records in its own shard (a
+//!   few per core), so the proxy's workers never share a lock or free each other's records.
+//!   Readers lock every shard at once and read them merged in sequence order. What is kept
+//!   is therefore the newest records of each shard: a quiet thread's records may outlive a
+//!   busy one's newer records.
 //! - Each record gets a sequence number, growing by one per record from 1, which is the
 //!   cursor of the list and the event id of the stream. Numbers restart with the process.
-//! - The ring is fed by the decision log's writer thread (off the request path) whether or
-//!   not the log has a sink, so it works with `[log] decisions = "off"`.
+//!   A reader whose cursor is below a number already evicted is told it missed records.
+//! - Rendered records are kept as their serialized JSON line (the exact bytes the decision
+//!   log writes), not as a JSON tree: a ~2 KB record costs ~2 KB, not the tens of small
+//!   allocations a `serde_json::Value` would.
+//! - A record may be kept unrendered ([`DecisionRing::push_deferred`], a [`Deferred`]): it is
+//!   rendered, once and in place, when a reader's page or stream reaches it and it matches
+//!   the reader's filter, or when it is older than [`DEFERRED_FOR`] (a thread of the ring's
+//!   own looks every quarter of that). One evicted before either is never rendered.
+//!   Readers see no difference: every record they get is rendered, byte for byte as its
+//!   producer would have rendered it before pushing. Until it is rendered, the byte bound
+//!   charges what the record says it holds ([`Deferred::held_bytes`]); after, its JSON line
+//!   as above. Why: under load the ring turns over in tens of milliseconds and nobody reads
+//!   most records.
+//! - Who feeds it: with no sink and no export (`[log] decisions = "off"`), the egress proxy
+//!   files its records itself, unrendered, on the thread that made them; otherwise the
+//!   decision log's writer thread, which renders each record once for every reader. Policy
+//!   records always come through the writer.
 //! - It is per process: on a deployment split by role, egress decisions are in the ring of
 //!   the replica running the proxy. Nothing is persisted in the store.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
@@ -58,6 +77,86 @@ impl Stored {
     }
 }
 
+/// How long a deferred record waits at most before [`DecisionRing::render_due`] renders it:
+/// a record that waited keeps what it was made from alive (a policy input allocated by the
+/// proxy's workers among a tunnel's allocations), and after a second nothing is likely to
+/// evict it soon on a gateway that is not busy. Under load the ring turns over long before.
+pub const DEFERRED_FOR: Duration = Duration::from_secs(1);
+
+/// A record kept unrendered until it is read ([`DecisionRing::push_deferred`]).
+pub trait Deferred: Send {
+    fn sandbox(&self) -> Option<&str>;
+    fn workspace(&self) -> Option<&str>;
+    /// What the record holds, in bytes, as well as can be told without rendering it (at
+    /// least its line's length): the byte bound charges this until the record is rendered.
+    fn held_bytes(&self) -> usize;
+    /// Appends the record's JSON line (without the newline) to `out`. It cannot fail: a
+    /// producer whose rendering can fail renders before it pushes.
+    fn render(&self, out: &mut Vec<u8>);
+}
+
+/// A deferred record and what it is filed under.
+struct Waiting {
+    seq: u64,
+    at_ms: u64,
+    layer: &'static str,
+    decision: &'static str,
+    /// [`Deferred::held_bytes`] plus [`RECORD_OVERHEAD`], as charged when pushed.
+    cost: usize,
+    record: Box<dyn Deferred>,
+}
+
+/// A kept record: rendered, or waiting to be.
+enum Slot {
+    Ready(Arc<Stored>),
+    Waiting(Waiting),
+}
+
+impl Slot {
+    fn seq(&self) -> u64 {
+        match self {
+            Slot::Ready(r) => r.seq,
+            Slot::Waiting(w) => w.seq,
+        }
+    }
+
+    fn at_ms(&self) -> u64 {
+        match self {
+            Slot::Ready(r) => r.at_ms,
+            Slot::Waiting(w) => w.at_ms,
+        }
+    }
+
+    fn cost(&self) -> usize {
+        match self {
+            Slot::Ready(r) => r.cost(),
+            Slot::Waiting(w) => w.cost,
+        }
+    }
+
+    fn matches(&self, filter: &Filter) -> bool {
+        match self {
+            Slot::Ready(r) => filter.matches(r),
+            Slot::Waiting(w) => filter.matches_fields(Fields {
+                sandbox: w.record.sandbox(),
+                workspace: w.record.workspace(),
+                layer: w.layer,
+                decision: w.decision,
+                at_ms: w.at_ms,
+            }),
+        }
+    }
+}
+
+/// What a filter reads of a record.
+struct Fields<'a> {
+    sandbox: Option<&'a str>,
+    workspace: Option<&'a str>,
+    layer: &'a str,
+    decision: &'a str,
+    at_ms: u64,
+}
+
 /// What a new record is filed under.
 #[derive(Debug, Clone, Default)]
 pub struct Meta {
@@ -81,11 +180,21 @@ pub struct Filter {
 
 impl Filter {
     pub fn matches(&self, r: &Stored) -> bool {
+        self.matches_fields(Fields {
+            sandbox: r.sandbox.as_deref(),
+            workspace: r.workspace.as_deref(),
+            layer: r.layer,
+            decision: r.decision,
+            at_ms: r.at_ms,
+        })
+    }
+
+    fn matches_fields(&self, r: Fields<'_>) -> bool {
         let same = |want: &Option<String>, have: Option<&str>| {
             want.as_deref().is_none_or(|w| have == Some(w))
         };
-        same(&self.sandbox, r.sandbox.as_deref())
-            && same(&self.workspace, r.workspace.as_deref())
+        same(&self.sandbox, r.sandbox)
+            && same(&self.workspace, r.workspace)
             && same(&self.layer, Some(r.layer))
             && self
                 .decision
@@ -105,11 +214,65 @@ pub struct After {
     pub cursor: u64,
 }
 
+/// One shard: the records pushed by the threads assigned to it, in sequence order.
 #[derive(Default)]
 struct Inner {
-    items: VecDeque<Arc<Stored>>,
-    bytes: usize,
-    next_seq: u64,
+    items: VecDeque<Slot>,
+    /// Every record below this sequence number is rendered ([`DecisionRing::render_due`]
+    /// starts here rather than at the oldest record).
+    rendered_below: u64,
+}
+
+impl Inner {
+    /// The record at `at`, rendered in place if it was waiting; the change in its cost.
+    fn ready(&mut self, at: usize) -> (Arc<Stored>, isize) {
+        let slot = &mut self.items[at];
+        let waiting = match slot {
+            Slot::Ready(r) => return (r.clone(), 0),
+            Slot::Waiting(w) => w,
+        };
+        let mut json = Vec::new();
+        waiting.record.render(&mut json);
+        let stored = Arc::new(Stored {
+            seq: waiting.seq,
+            at_ms: waiting.at_ms,
+            sandbox: waiting.record.sandbox().map(Box::from),
+            workspace: waiting.record.workspace().map(Box::from),
+            layer: waiting.layer,
+            decision: waiting.decision,
+            json: json.into_boxed_slice(),
+        });
+        let change = stored.cost() as isize - waiting.cost as isize;
+        *slot = Slot::Ready(stored.clone());
+        (stored, change)
+    }
+
+    fn position(&self, seq: u64) -> usize {
+        self.items.partition_point(|r| r.seq() < seq)
+    }
+}
+
+/// Shards: each thread pushes into the one it was assigned (round robin, at its first
+/// push), so a proxy worker's records are made, kept and, when evicted, freed on that
+/// worker. Why: handing every record to another thread was the ring's largest cost, more
+/// than rendering it (measured: keep-alive h1 through one worker, 42.3 µs of proxy CPU a
+/// request with records sent to the writer thread, 33.4 µs with the same records built and
+/// dropped where they were made, 31.9 µs with no ring), since each one's two dozen
+/// allocations were then freed on the other core and came back to the worker cold.
+fn shard_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .saturating_mul(2)
+        .clamp(4, 64)
+}
+
+fn my_shard(count: usize) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    MINE.with(|n| *n % count)
 }
 
 pub struct DecisionRing {
@@ -117,8 +280,18 @@ pub struct DecisionRing {
     /// `sandgate_decision_ring_bytes`, looked up once (a lookup per record hashed the
     /// name into the registry each time), in the scope the gateway starts in.
     bytes_gauge: metrics::Gauge,
-    inner: Mutex<Inner>,
-    /// The newest sequence number, for streams waiting on the next record.
+    shards: Box<[Mutex<Inner>]>,
+    /// The next sequence number, taken under the lock of the shard the record goes into,
+    /// so a reader holding every shard's lock sees every number handed out so far.
+    next_seq: AtomicU64,
+    /// Records and bytes held, over all shards.
+    records: AtomicUsize,
+    /// The highest sequence number evicted so far: a reader whose cursor is below it missed
+    /// records (shards evict on their own, so the oldest record kept does not tell).
+    evicted_max: AtomicU64,
+    bytes: AtomicUsize,
+    /// The newest sequence number, for streams waiting on the next record; sent only while
+    /// someone listens.
     latest: watch::Sender<u64>,
 }
 
@@ -130,37 +303,93 @@ impl std::fmt::Debug for DecisionRing {
     }
 }
 
+/// Every shard, locked in order: what readers see at once.
+struct All<'a> {
+    shards: Vec<MutexGuard<'a, Inner>>,
+}
+
+impl All<'_> {
+    /// (shard, index) of every record, in sequence order, from the first at or after `from`.
+    fn merged(&self, from: u64) -> Vec<(usize, usize)> {
+        let mut at: Vec<usize> = self.shards.iter().map(|s| s.position(from)).collect();
+        let total = self
+            .shards
+            .iter()
+            .zip(&at)
+            .map(|(s, a)| s.items.len() - a)
+            .sum();
+        let mut out = Vec::with_capacity(total);
+        for _ in 0..total {
+            let next = (0..self.shards.len())
+                .filter(|&i| at[i] < self.shards[i].items.len())
+                .min_by_key(|&i| self.shards[i].items[at[i]].seq());
+            let Some(i) = next else { break };
+            out.push((i, at[i]));
+            at[i] += 1;
+        }
+        out
+    }
+
+    fn slot(&self, (shard, at): (usize, usize)) -> &Slot {
+        &self.shards[shard].items[at]
+    }
+
+    fn oldest(&self) -> Option<u64> {
+        self.shards
+            .iter()
+            .filter_map(|s| s.items.front().map(Slot::seq))
+            .min()
+    }
+}
+
 impl DecisionRing {
     /// `None` when the ring is disabled (`max_records` or `max_bytes` is 0).
     pub fn new(limits: RingLimits) -> Option<Arc<DecisionRing>> {
         if limits.max_records == 0 || limits.max_bytes == 0 {
             return None;
         }
-        Some(Arc::new(DecisionRing {
+        let ring = Arc::new(DecisionRing {
             limits,
             bytes_gauge: metrics::gauge!("sandgate_decision_ring_bytes"),
-            inner: Mutex::new(Inner {
-                next_seq: 1,
-                ..Inner::default()
-            }),
+            shards: (0..shard_count()).map(|_| Mutex::default()).collect(),
+            next_seq: AtomicU64::new(1),
+            records: AtomicUsize::new(0),
+            evicted_max: AtomicU64::new(0),
+            bytes: AtomicUsize::new(0),
             latest: watch::channel(0).0,
-        }))
+        });
+        let weak = Arc::downgrade(&ring);
+        // Renders what has waited too long ([`DEFERRED_FOR`]), also when no record comes
+        // to prompt it; ends with the ring.
+        let _ = std::thread::Builder::new()
+            .name("sandgate-decision-ring".into())
+            .spawn(move || loop {
+                std::thread::sleep(DEFERRED_FOR / 4);
+                match weak.upgrade() {
+                    Some(ring) => ring.render_due(),
+                    None => return,
+                }
+            });
+        Some(ring)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Inner> {
+        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_all(&self) -> All<'_> {
+        All {
+            shards: (0..self.shards.len()).map(|i| self.lock(i)).collect(),
+        }
     }
 
     /// Keeps one record (its JSON line without the newline), evicting the oldest as needed.
     /// Keeps `json` (which should be allocated to its length: the ring counts its length,
     /// the allocator the block) under `meta`.
     pub fn push(&self, meta: Meta, json: Box<[u8]>) {
-        let at_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let mut stored = Stored {
+        let stored = Stored {
             seq: 0,
-            at_ms,
+            at_ms: now_ms(),
             sandbox: meta.sandbox.map(String::into_boxed_str),
             workspace: meta.workspace.map(String::into_boxed_str),
             layer: meta.layer,
@@ -168,39 +397,155 @@ impl DecisionRing {
             json,
         };
         let cost = stored.cost();
+        self.keep(cost, |seq| Slot::Ready(Arc::new(Stored { seq, ..stored })));
+    }
+
+    /// Keeps one record unrendered (see the module's contract), under `layer` and
+    /// `decision`, evicting the oldest as needed.
+    pub fn push_deferred(
+        &self,
+        layer: &'static str,
+        decision: &'static str,
+        record: Box<dyn Deferred>,
+    ) {
+        let cost = RECORD_OVERHEAD.saturating_add(record.held_bytes());
+        let at_ms = now_ms();
+        self.keep(cost, |seq| {
+            Slot::Waiting(Waiting {
+                seq,
+                at_ms,
+                layer,
+                decision,
+                cost,
+                record,
+            })
+        });
+    }
+
+    /// Files the record `slot` makes under the next sequence number in this thread's
+    /// shard, then evicts until both bounds hold again: this shard's oldest records first
+    /// (freed by the thread that made them), then, when this shard has nothing else, the
+    /// oldest of another shard it can lock without waiting.
+    fn keep(&self, cost: usize, slot: impl FnOnce(u64) -> Slot) {
         if cost > self.limits.max_bytes {
             metrics::counter!("sandgate_decision_ring_dropped_total").increment(1);
             return;
         }
+        let mine = my_shard(self.shards.len());
         let seq = {
-            let mut inner = self.lock();
-            while inner.items.len() >= self.limits.max_records
-                || inner.bytes + cost > self.limits.max_bytes
-            {
-                let Some(old) = inner.items.pop_front() else {
-                    break;
-                };
-                inner.bytes -= old.cost();
+            let mut inner = self.lock(mine);
+            let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+            inner.items.push_back(slot(seq));
+            self.records.fetch_add(1, Ordering::Relaxed);
+            self.bytes.fetch_add(cost, Ordering::Relaxed);
+            while self.over() && inner.items.len() > 1 {
+                self.evict(&mut inner);
             }
-            stored.seq = inner.next_seq;
-            inner.next_seq += 1;
-            inner.bytes += cost;
-            inner.items.push_back(Arc::new(stored));
-            self.bytes_gauge.set(inner.bytes as f64);
-            inner.next_seq - 1
+            seq
         };
-        self.latest.send_replace(seq);
+        while self.over() && self.evict_elsewhere(mine) {}
+        self.bytes_gauge
+            .set(self.bytes.load(Ordering::Relaxed) as f64);
+        if self.latest.receiver_count() > 0 {
+            self.latest.send_replace(seq);
+        }
+    }
+
+    fn over(&self) -> bool {
+        self.records.load(Ordering::Relaxed) > self.limits.max_records
+            || self.bytes.load(Ordering::Relaxed) > self.limits.max_bytes
+    }
+
+    fn evict(&self, inner: &mut Inner) -> bool {
+        let Some(old) = inner.items.pop_front() else {
+            return false;
+        };
+        self.records.fetch_sub(1, Ordering::Relaxed);
+        self.bytes.fetch_sub(old.cost(), Ordering::Relaxed);
+        self.evicted_max.fetch_max(old.seq(), Ordering::Relaxed);
+        true
+    }
+
+    /// Evicts the oldest record of the other shards that are free to lock; false when
+    /// there was none.
+    fn evict_elsewhere(&self, mine: usize) -> bool {
+        let mut oldest: Option<(u64, MutexGuard<'_, Inner>)> = None;
+        for (i, shard) in self.shards.iter().enumerate() {
+            if i == mine {
+                continue;
+            }
+            let Ok(inner) = shard.try_lock() else {
+                continue;
+            };
+            let Some(seq) = inner.items.front().map(Slot::seq) else {
+                continue;
+            };
+            if oldest.as_ref().is_none_or(|(o, _)| seq < *o) {
+                oldest = Some((seq, inner));
+            }
+        }
+        match oldest {
+            Some((_, mut inner)) => self.evict(&mut inner),
+            None => false,
+        }
+    }
+
+    /// Renders the waiting records older than [`DEFERRED_FOR`] (see [`DEFERRED_FOR`] for
+    /// why), in every shard, starting where the last call stopped. The ring's own thread
+    /// calls this every quarter of [`DEFERRED_FOR`].
+    pub fn render_due(&self) {
+        let cutoff = now_ms().saturating_sub(DEFERRED_FOR.as_millis() as u64);
+        self.render_until(|slot| slot.at_ms() < cutoff);
+    }
+
+    fn render_until(&self, due: impl Fn(&Slot) -> bool) {
+        // Under each shard's lock in turn, never all at once: the proxy pushes meanwhile.
+        for shard in 0..self.shards.len() {
+            let mut inner = self.lock(shard);
+            let mut at = inner.position(inner.rendered_below);
+            while at < inner.items.len() && due(&inner.items[at]) {
+                let (_, change) = inner.ready(at);
+                self.charge(change);
+                at += 1;
+            }
+            // Records pushed here later get a number at least the next one.
+            inner.rendered_below = inner
+                .items
+                .get(at)
+                .map_or_else(|| self.next_seq.load(Ordering::Relaxed), Slot::seq);
+        }
+        self.fit();
+    }
+
+    fn charge(&self, change: isize) {
+        if change >= 0 {
+            self.bytes.fetch_add(change as usize, Ordering::Relaxed);
+        } else {
+            self.bytes
+                .fetch_sub(change.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    /// After rendering: a record's line may be longer than it was charged before, so the
+    /// oldest go until the bounds hold again.
+    fn fit(&self) {
+        while self.over() && self.evict_elsewhere(usize::MAX) {}
+        self.bytes_gauge
+            .set(self.bytes.load(Ordering::Relaxed) as f64);
     }
 
     /// (records, bytes) held now.
     pub fn usage(&self) -> (usize, usize) {
-        let inner = self.lock();
-        (inner.items.len(), inner.bytes)
+        let _all = self.lock_all();
+        (
+            self.records.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        )
     }
 
     /// The newest sequence number (0 before the first record).
     pub fn latest(&self) -> u64 {
-        *self.latest.borrow()
+        self.next_seq.load(Ordering::Relaxed) - 1
     }
 
     /// A receiver that changes whenever a record is pushed.
@@ -216,52 +561,70 @@ impl DecisionRing {
         before: Option<u64>,
         limit: usize,
     ) -> (Vec<Arc<Stored>>, Option<u64>) {
-        let inner = self.lock();
-        let end = before.map_or(inner.items.len(), |b| {
-            inner.items.partition_point(|r| r.seq < b)
-        });
+        let mut all = self.lock_all();
+        let before = before.unwrap_or(u64::MAX);
+        let order = all.merged(0);
+        let end = order.partition_point(|&at| all.slot(at).seq() < before);
         let mut page = Vec::with_capacity(limit.min(256));
-        for record in inner.items.range(..end).rev() {
+        let mut next = None;
+        for &(shard, at) in order[..end].iter().rev() {
             if page.len() == limit {
-                let next = page.last().map(|r: &Arc<Stored>| r.seq);
-                return (page, next);
+                next = page.last().map(|r: &Arc<Stored>| r.seq);
+                break;
             }
-            if filter.matches(record) {
-                page.push(record.clone());
+            if all.slot((shard, at)).matches(filter) {
+                let (stored, change) = all.shards[shard].ready(at);
+                self.charge(change);
+                page.push(stored);
             }
         }
-        (page, None)
+        drop(all);
+        self.fit();
+        (page, next)
     }
 
     /// Up to `max` matching records after sequence number `cursor`, oldest first. Cursor 0
     /// reads from the oldest kept record and never reports a miss.
     pub fn after(&self, filter: &Filter, cursor: u64, max: usize) -> After {
-        let inner = self.lock();
+        let mut all = self.lock_all();
+        let next_seq = self.next_seq.load(Ordering::Relaxed);
         // A cursor past the newest record is from an earlier process: read on from now.
-        let cursor = cursor.min(inner.next_seq - 1);
-        let oldest = inner.items.front().map_or(inner.next_seq, |r| r.seq);
-        let missed = cursor > 0 && cursor.saturating_add(1) < oldest;
-        let start = inner.items.partition_point(|r| r.seq <= cursor);
+        let cursor = cursor.min(next_seq - 1);
+        let oldest = all.oldest().unwrap_or(next_seq);
+        let missed = cursor > 0 && cursor < self.evicted_max.load(Ordering::Relaxed);
+        let order = all.merged(cursor.saturating_add(1));
         let mut records = Vec::new();
         let mut last = cursor.max(oldest.saturating_sub(1));
-        for record in inner.items.range(start..) {
+        let mut read = 0;
+        for &(shard, at) in &order {
             if records.len() == max {
                 break;
             }
-            last = record.seq;
-            if filter.matches(record) {
-                records.push(record.clone());
+            read += 1;
+            last = all.slot((shard, at)).seq();
+            if all.slot((shard, at)).matches(filter) {
+                let (stored, change) = all.shards[shard].ready(at);
+                self.charge(change);
+                records.push(stored);
             }
         }
-        if start == inner.items.len() {
-            last = last.max(inner.next_seq - 1);
+        if read == order.len() {
+            last = last.max(next_seq - 1);
         }
+        drop(all);
+        self.fit();
         After {
             records,
             missed,
             cursor: last,
         }
     }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

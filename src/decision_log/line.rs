@@ -98,7 +98,7 @@ pub(super) fn egress_line(
     record: &DecisionRecord,
     decision_id: &str,
     out: &mut Vec<u8>,
-    memo: &mut Memo,
+    memo: Option<&mut Memo>,
 ) {
     let mut line = Obj::open(out);
     own_fields(record, &mut line);
@@ -123,7 +123,7 @@ pub(super) fn egress_line(
     metrics.close();
     let out = line.key("input");
     match &record.policy {
-        Some(policy) => policy.input.write_json_with(out, Some(memo)),
+        Some(policy) => policy.input.write_json_with(out, memo),
         // Writing a Value into a Vec cannot fail.
         None => drop(serde_json::to_writer(&mut *out, &summary_input(record))),
     }

@@ -78,7 +78,7 @@ fn reference(record: &DecisionRecord, decision_id: &str) -> Vec<u8> {
 
 fn written(record: &DecisionRecord, decision_id: &str) -> Vec<u8> {
     let mut out = Vec::new();
-    egress_line(record, decision_id, &mut out, &mut Memo::default());
+    egress_line(record, decision_id, &mut out, Some(&mut Memo::default()));
     out
 }
 
@@ -163,5 +163,73 @@ proptest! {
         let expected = reference(&record, &id);
         prop_assert_eq!(String::from_utf8_lossy(&line), String::from_utf8_lossy(&expected));
         serde_json::from_slice::<serde_json::Value>(&line).expect("a JSON line");
+    }
+}
+
+/// Text JSON writes as it is: what hosts, paths, header values and reasons mostly are.
+fn plain() -> impl Strategy<Value = String> {
+    "[ -!#-\\[\\]-~]{0,40}"
+}
+
+prop_compose! {
+    fn plain_record()(
+        mut record in record(),
+        (ts, host, sandbox, path) in (plain(), plain(), plain(), plain()),
+        reasons in proptest::collection::vec(plain(), 0..3),
+        headers in proptest::collection::vec((plain(), plain()), 0..12),
+    ) -> DecisionRecord {
+        record.ts = ts;
+        record.host = host;
+        record.sandbox = Some(sandbox);
+        record.path = Some(path);
+        record.reasons = reasons;
+        record.credential_notes.clear();
+        record.credentials.clear();
+        record.action = None;
+        record.method = Some("GET".into());
+        record.workspace = Some("ws".into());
+        if let Some(policy) = &record.policy {
+            let mut request = regorus::Value::new_object();
+            let map = request.as_object_mut().unwrap();
+            for (name, value) in headers {
+                map.insert(regorus::Value::from(name), regorus::Value::from(value));
+            }
+            let mut input = regorus::Value::new_object();
+            input.as_object_mut().unwrap().insert(regorus::Value::from("headers"), request);
+            let result = serde_json::json!({"allow": true, "deny": [], "action": "inspect"});
+            record.policy = Some(Arc::new(LoggedEval {
+                decision_id: "0b6c0a4e-6f5e-4c1e-9a77-3c1f0f2f1a10".into(),
+                input: LoggedInput { value: input, full_argv: policy.input.full_argv },
+                result,
+            }));
+        }
+        record
+    }
+}
+
+proptest! {
+    /// A record kept unrendered in the ring renders as the writer renders it, and is
+    /// charged at least its line while it waits (for text JSON writes unescaped).
+    #[test]
+    fn a_deferred_record_renders_the_same_line_and_is_charged_at_least_its_length(
+        record in plain_record(),
+    ) {
+        use crate::decision_ring::Deferred;
+        let mut deferred = Vec::new();
+        record.render(&mut deferred);
+        match &record.policy {
+            Some(policy) => {
+                prop_assert_eq!(&deferred, &written(&record, &policy.decision_id));
+            }
+            None => {
+                let line: serde_json::Value = serde_json::from_slice(&deferred).unwrap();
+                let id = line["decision_id"].as_str().unwrap();
+                prop_assert_eq!(&deferred, &written(&record, id));
+            }
+        }
+        prop_assert!(
+            record.held_bytes() >= deferred.len(),
+            "charged {} for a line of {}", record.held_bytes(), deferred.len()
+        );
     }
 }

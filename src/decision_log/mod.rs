@@ -34,7 +34,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::decision_ring::{DecisionRing, Meta};
+use crate::decision_ring::{DecisionRing, Deferred, Meta};
 use crate::telemetry::{DecisionEvent, DecisionExport, DECISIONS_QUEUE};
 
 mod line;
@@ -257,12 +257,8 @@ impl Logged {
                     layer: "egress",
                     decision: r.decision,
                 };
-                // A refusal made before policy has no policy decision: it gets its own id.
-                let decision_id = r.policy.as_ref().map_or_else(
-                    || Cow::Owned(new_decision_id()),
-                    |p| Cow::Borrowed(p.decision_id.as_str()),
-                );
-                line::egress_line(r, &decision_id, out, memo);
+                let decision_id = egress_decision_id(r);
+                line::egress_line(r, &decision_id, out, Some(memo));
                 Ok(Rendered { meta, decision_id })
             }
             Logged::Policy(record) => {
@@ -289,6 +285,64 @@ impl Logged {
                 })
             }
         }
+    }
+}
+
+/// The decision id an egress record is written under: its policy decision's, or for a
+/// refusal made before policy, one of its own.
+fn egress_decision_id(record: &DecisionRecord) -> Cow<'_, str> {
+    record.policy.as_ref().map_or_else(
+        || Cow::Owned(new_decision_id()),
+        |p| Cow::Borrowed(p.decision_id.as_str()),
+    )
+}
+
+/// The bytes of an egress line that do not come from the record: its keys, punctuation,
+/// decision id, labels and numbers (a line of empty fields is ~450 bytes).
+const EGRESS_LINE_FIXED: usize = 640;
+
+/// An egress record kept in the ring unrendered, when nothing else needs its line.
+impl Deferred for DecisionRecord {
+    fn sandbox(&self) -> Option<&str> {
+        self.sandbox.as_deref()
+    }
+
+    fn workspace(&self) -> Option<&str> {
+        self.workspace.as_deref()
+    }
+
+    /// The record, its strings and its policy decision (the input as the engine holds it,
+    /// the answer about as long as the reasons): each string counted once as held and once
+    /// as written, so the estimate covers the line too.
+    fn held_bytes(&self) -> usize {
+        let texts = [&self.ts, &self.host]
+            .into_iter()
+            .chain(
+                [
+                    &self.sandbox,
+                    &self.workspace,
+                    &self.method,
+                    &self.path,
+                    &self.action,
+                ]
+                .into_iter()
+                .flatten(),
+            )
+            .chain(&self.reasons)
+            .chain(&self.credentials)
+            .chain(&self.credential_notes)
+            .map(|s| s.len() + 16)
+            .sum::<usize>();
+        let policy = self.policy.as_ref().map_or(0, |p| {
+            std::mem::size_of::<LoggedEval>()
+                + p.decision_id.len()
+                + 2 * render::held_bytes(&p.input.value)
+        });
+        std::mem::size_of::<DecisionRecord>() + EGRESS_LINE_FIXED + 3 * texts + policy
+    }
+
+    fn render(&self, out: &mut Vec<u8>) {
+        line::egress_line(self, &egress_decision_id(self), out, None);
     }
 }
 
@@ -334,6 +388,12 @@ impl Sink {
 #[derive(Debug, Clone)]
 pub struct DecisionLog {
     tx: Option<mpsc::Sender<Entry>>,
+    /// The ring, when nothing else reads egress records (no sink, no export): the proxy
+    /// then files each one there itself, unrendered, in the shard of the thread that made
+    /// it ([`crate::decision_ring`] says why and when it is rendered). Policy records are
+    /// few (one per API operation's layer) and their rendering can fail, so they still go
+    /// through the writer.
+    direct: Option<Arc<DecisionRing>>,
     /// `[log] full_argv`: policy records keep an exec's argv whole.
     full_argv: bool,
 }
@@ -360,9 +420,11 @@ impl DecisionLog {
         if out.is_none() && ring.is_none() && export.is_none() {
             return Ok(DecisionLog {
                 tx: None,
+                direct: None,
                 full_argv: false,
             });
         }
+        let direct = ring.clone().filter(|_| out.is_none() && export.is_none());
         let (tx, rx) = mpsc::channel::<Entry>(queue.max(1));
         let scope = crate::telemetry::MetricsScope::current();
         std::thread::Builder::new()
@@ -384,6 +446,7 @@ impl DecisionLog {
             })?;
         Ok(DecisionLog {
             tx: Some(tx),
+            direct,
             full_argv: false,
         })
     }
@@ -408,7 +471,10 @@ impl DecisionLog {
     }
 
     pub fn record(&self, record: DecisionRecord) {
-        self.send(Entry::Record(Logged::Egress(record)));
+        match &self.direct {
+            Some(ring) => ring.push_deferred("egress", record.decision, Box::new(record)),
+            None => self.send(Entry::Record(Logged::Egress(record))),
+        }
     }
 
     /// Queues a policy engine record (see [`PolicyRecord`]).
