@@ -16,29 +16,20 @@
 //! - Each record gets a sequence number, growing by one per record from 1, which is the
 //!   cursor of the list and the event id of the stream. Numbers restart with the process.
 //!   A reader whose cursor is below a number already evicted is told it missed records.
-//! - Rendered records are kept as their serialized JSON line (the exact bytes the decision
-//!   log writes), not as a JSON tree: a ~2 KB record costs ~2 KB, not the tens of small
+//! - Records are kept as their serialized JSON line (the exact bytes the decision log
+//!   writes), not as a JSON tree: a ~2 KB record costs ~2 KB, not the tens of small
 //!   allocations a `serde_json::Value` would.
-//! - A record may be kept unrendered ([`DecisionRing::push_deferred`], a [`Deferred`]): it is
-//!   rendered, once and in place, when a reader's page or stream reaches it and it matches
-//!   the reader's filter, or when it is older than [`DEFERRED_FOR`] (a thread of the ring's
-//!   own looks every quarter of that). One evicted before either is never rendered.
-//!   Readers see no difference: every record they get is rendered, byte for byte as its
-//!   producer would have rendered it before pushing. Until it is rendered, the byte bound
-//!   charges what the record says it holds ([`Deferred::held_bytes`]); after, its JSON line
-//!   as above. Why: under load the ring turns over in tens of milliseconds and nobody reads
-//!   most records.
 //! - Who feeds it: with no sink and no export (`[log] decisions = "off"`), the egress proxy
-//!   files its records itself, unrendered, on the thread that made them; otherwise the
-//!   decision log's writer thread, which renders each record once for every reader. Policy
-//!   records always come through the writer.
+//!   renders its records itself and files them here, on the thread that made them;
+//!   otherwise the decision log's writer thread, which renders each record once for every
+//!   reader. Policy records always come through the writer.
 //! - It is per process: on a deployment split by role, egress decisions are in the ring of
 //!   the replica running the proxy. Nothing is persisted in the store.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
@@ -77,86 +68,6 @@ impl Stored {
     }
 }
 
-/// How long a deferred record waits at most before [`DecisionRing::render_due`] renders it:
-/// a record that waited keeps what it was made from alive (a policy input allocated by the
-/// proxy's workers among a tunnel's allocations), and after a second nothing is likely to
-/// evict it soon on a gateway that is not busy. Under load the ring turns over long before.
-pub const DEFERRED_FOR: Duration = Duration::from_secs(1);
-
-/// A record kept unrendered until it is read ([`DecisionRing::push_deferred`]).
-pub trait Deferred: Send {
-    fn sandbox(&self) -> Option<&str>;
-    fn workspace(&self) -> Option<&str>;
-    /// What the record holds, in bytes, as well as can be told without rendering it (at
-    /// least its line's length): the byte bound charges this until the record is rendered.
-    fn held_bytes(&self) -> usize;
-    /// Appends the record's JSON line (without the newline) to `out`. It cannot fail: a
-    /// producer whose rendering can fail renders before it pushes.
-    fn render(&self, out: &mut Vec<u8>);
-}
-
-/// A deferred record and what it is filed under.
-struct Waiting {
-    seq: u64,
-    at_ms: u64,
-    layer: &'static str,
-    decision: &'static str,
-    /// [`Deferred::held_bytes`] plus [`RECORD_OVERHEAD`], as charged when pushed.
-    cost: usize,
-    record: Box<dyn Deferred>,
-}
-
-/// A kept record: rendered, or waiting to be.
-enum Slot {
-    Ready(Arc<Stored>),
-    Waiting(Waiting),
-}
-
-impl Slot {
-    fn seq(&self) -> u64 {
-        match self {
-            Slot::Ready(r) => r.seq,
-            Slot::Waiting(w) => w.seq,
-        }
-    }
-
-    fn at_ms(&self) -> u64 {
-        match self {
-            Slot::Ready(r) => r.at_ms,
-            Slot::Waiting(w) => w.at_ms,
-        }
-    }
-
-    fn cost(&self) -> usize {
-        match self {
-            Slot::Ready(r) => r.cost(),
-            Slot::Waiting(w) => w.cost,
-        }
-    }
-
-    fn matches(&self, filter: &Filter) -> bool {
-        match self {
-            Slot::Ready(r) => filter.matches(r),
-            Slot::Waiting(w) => filter.matches_fields(Fields {
-                sandbox: w.record.sandbox(),
-                workspace: w.record.workspace(),
-                layer: w.layer,
-                decision: w.decision,
-                at_ms: w.at_ms,
-            }),
-        }
-    }
-}
-
-/// What a filter reads of a record.
-struct Fields<'a> {
-    sandbox: Option<&'a str>,
-    workspace: Option<&'a str>,
-    layer: &'a str,
-    decision: &'a str,
-    at_ms: u64,
-}
-
 /// What a new record is filed under.
 #[derive(Debug, Clone, Default)]
 pub struct Meta {
@@ -180,21 +91,11 @@ pub struct Filter {
 
 impl Filter {
     pub fn matches(&self, r: &Stored) -> bool {
-        self.matches_fields(Fields {
-            sandbox: r.sandbox.as_deref(),
-            workspace: r.workspace.as_deref(),
-            layer: r.layer,
-            decision: r.decision,
-            at_ms: r.at_ms,
-        })
-    }
-
-    fn matches_fields(&self, r: Fields<'_>) -> bool {
         let same = |want: &Option<String>, have: Option<&str>| {
             want.as_deref().is_none_or(|w| have == Some(w))
         };
-        same(&self.sandbox, r.sandbox)
-            && same(&self.workspace, r.workspace)
+        same(&self.sandbox, r.sandbox.as_deref())
+            && same(&self.workspace, r.workspace.as_deref())
             && same(&self.layer, Some(r.layer))
             && self
                 .decision
@@ -217,38 +118,12 @@ pub struct After {
 /// One shard: the records pushed by the threads assigned to it, in sequence order.
 #[derive(Default)]
 struct Inner {
-    items: VecDeque<Slot>,
-    /// Every record below this sequence number is rendered ([`DecisionRing::render_due`]
-    /// starts here rather than at the oldest record).
-    rendered_below: u64,
+    items: VecDeque<Arc<Stored>>,
 }
 
 impl Inner {
-    /// The record at `at`, rendered in place if it was waiting; the change in its cost.
-    fn ready(&mut self, at: usize) -> (Arc<Stored>, isize) {
-        let slot = &mut self.items[at];
-        let waiting = match slot {
-            Slot::Ready(r) => return (r.clone(), 0),
-            Slot::Waiting(w) => w,
-        };
-        let mut json = Vec::new();
-        waiting.record.render(&mut json);
-        let stored = Arc::new(Stored {
-            seq: waiting.seq,
-            at_ms: waiting.at_ms,
-            sandbox: waiting.record.sandbox().map(Box::from),
-            workspace: waiting.record.workspace().map(Box::from),
-            layer: waiting.layer,
-            decision: waiting.decision,
-            json: json.into_boxed_slice(),
-        });
-        let change = stored.cost() as isize - waiting.cost as isize;
-        *slot = Slot::Ready(stored.clone());
-        (stored, change)
-    }
-
     fn position(&self, seq: u64) -> usize {
-        self.items.partition_point(|r| r.seq() < seq)
+        self.items.partition_point(|r| r.seq < seq)
     }
 }
 
@@ -259,6 +134,8 @@ impl Inner {
 /// request with records sent to the writer thread, 33.4 µs with the same records built and
 /// dropped where they were made, 31.9 µs with no ring), since each one's two dozen
 /// allocations were then freed on the other core and came back to the worker cold.
+/// (Rendering alone is not what costs: the writer thread was ~5% of the proxy's CPU
+/// samples, rendering ~1%.)
 fn shard_count() -> usize {
     std::thread::available_parallelism()
         .map_or(2, |n| n.get())
@@ -322,7 +199,7 @@ impl All<'_> {
         for _ in 0..total {
             let next = (0..self.shards.len())
                 .filter(|&i| at[i] < self.shards[i].items.len())
-                .min_by_key(|&i| self.shards[i].items[at[i]].seq());
+                .min_by_key(|&i| self.shards[i].items[at[i]].seq);
             let Some(i) = next else { break };
             out.push((i, at[i]));
             at[i] += 1;
@@ -330,14 +207,14 @@ impl All<'_> {
         out
     }
 
-    fn slot(&self, (shard, at): (usize, usize)) -> &Slot {
+    fn slot(&self, (shard, at): (usize, usize)) -> &Arc<Stored> {
         &self.shards[shard].items[at]
     }
 
     fn oldest(&self) -> Option<u64> {
         self.shards
             .iter()
-            .filter_map(|s| s.items.front().map(Slot::seq))
+            .filter_map(|s| s.items.front().map(|r| r.seq))
             .min()
     }
 }
@@ -358,18 +235,6 @@ impl DecisionRing {
             bytes: AtomicUsize::new(0),
             latest: watch::channel(0).0,
         });
-        let weak = Arc::downgrade(&ring);
-        // Renders what has waited too long ([`DEFERRED_FOR`]), also when no record comes
-        // to prompt it; ends with the ring.
-        let _ = std::thread::Builder::new()
-            .name("sandgate-decision-ring".into())
-            .spawn(move || loop {
-                std::thread::sleep(DEFERRED_FOR / 4);
-                match weak.upgrade() {
-                    Some(ring) => ring.render_due(),
-                    None => return,
-                }
-            });
         Some(ring)
     }
 
@@ -397,36 +262,14 @@ impl DecisionRing {
             json,
         };
         let cost = stored.cost();
-        self.keep(cost, |seq| Slot::Ready(Arc::new(Stored { seq, ..stored })));
+        self.keep(cost, stored);
     }
 
-    /// Keeps one record unrendered (see the module's contract), under `layer` and
-    /// `decision`, evicting the oldest as needed.
-    pub fn push_deferred(
-        &self,
-        layer: &'static str,
-        decision: &'static str,
-        record: Box<dyn Deferred>,
-    ) {
-        let cost = RECORD_OVERHEAD.saturating_add(record.held_bytes());
-        let at_ms = now_ms();
-        self.keep(cost, |seq| {
-            Slot::Waiting(Waiting {
-                seq,
-                at_ms,
-                layer,
-                decision,
-                cost,
-                record,
-            })
-        });
-    }
-
-    /// Files the record `slot` makes under the next sequence number in this thread's
-    /// shard, then evicts until both bounds hold again: this shard's oldest records first
-    /// (freed by the thread that made them), then, when this shard has nothing else, the
-    /// oldest of another shard it can lock without waiting.
-    fn keep(&self, cost: usize, slot: impl FnOnce(u64) -> Slot) {
+    /// Files `stored` under the next sequence number in this thread's shard, then evicts
+    /// until both bounds hold again: this shard's oldest records first (freed by the thread
+    /// that made them), then, when this shard has nothing else, the oldest of another shard
+    /// it can lock without waiting.
+    fn keep(&self, cost: usize, mut stored: Stored) {
         if cost > self.limits.max_bytes {
             metrics::counter!("sandgate_decision_ring_dropped_total").increment(1);
             return;
@@ -435,7 +278,8 @@ impl DecisionRing {
         let seq = {
             let mut inner = self.lock(mine);
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-            inner.items.push_back(slot(seq));
+            stored.seq = seq;
+            inner.items.push_back(Arc::new(stored));
             self.records.fetch_add(1, Ordering::Relaxed);
             self.bytes.fetch_add(cost, Ordering::Relaxed);
             while self.over() && inner.items.len() > 1 {
@@ -462,7 +306,7 @@ impl DecisionRing {
         };
         self.records.fetch_sub(1, Ordering::Relaxed);
         self.bytes.fetch_sub(old.cost(), Ordering::Relaxed);
-        self.evicted_max.fetch_max(old.seq(), Ordering::Relaxed);
+        self.evicted_max.fetch_max(old.seq, Ordering::Relaxed);
         true
     }
 
@@ -477,7 +321,7 @@ impl DecisionRing {
             let Ok(inner) = shard.try_lock() else {
                 continue;
             };
-            let Some(seq) = inner.items.front().map(Slot::seq) else {
+            let Some(seq) = inner.items.front().map(|r| r.seq) else {
                 continue;
             };
             if oldest.as_ref().is_none_or(|(o, _)| seq < *o) {
@@ -488,50 +332,6 @@ impl DecisionRing {
             Some((_, mut inner)) => self.evict(&mut inner),
             None => false,
         }
-    }
-
-    /// Renders the waiting records older than [`DEFERRED_FOR`] (see [`DEFERRED_FOR`] for
-    /// why), in every shard, starting where the last call stopped. The ring's own thread
-    /// calls this every quarter of [`DEFERRED_FOR`].
-    pub fn render_due(&self) {
-        let cutoff = now_ms().saturating_sub(DEFERRED_FOR.as_millis() as u64);
-        self.render_until(|slot| slot.at_ms() < cutoff);
-    }
-
-    fn render_until(&self, due: impl Fn(&Slot) -> bool) {
-        // Under each shard's lock in turn, never all at once: the proxy pushes meanwhile.
-        for shard in 0..self.shards.len() {
-            let mut inner = self.lock(shard);
-            let mut at = inner.position(inner.rendered_below);
-            while at < inner.items.len() && due(&inner.items[at]) {
-                let (_, change) = inner.ready(at);
-                self.charge(change);
-                at += 1;
-            }
-            // Records pushed here later get a number at least the next one.
-            inner.rendered_below = inner
-                .items
-                .get(at)
-                .map_or_else(|| self.next_seq.load(Ordering::Relaxed), Slot::seq);
-        }
-        self.fit();
-    }
-
-    fn charge(&self, change: isize) {
-        if change >= 0 {
-            self.bytes.fetch_add(change as usize, Ordering::Relaxed);
-        } else {
-            self.bytes
-                .fetch_sub(change.unsigned_abs(), Ordering::Relaxed);
-        }
-    }
-
-    /// After rendering: a record's line may be longer than it was charged before, so the
-    /// oldest go until the bounds hold again.
-    fn fit(&self) {
-        while self.over() && self.evict_elsewhere(usize::MAX) {}
-        self.bytes_gauge
-            .set(self.bytes.load(Ordering::Relaxed) as f64);
     }
 
     /// (records, bytes) held now.
@@ -561,32 +361,29 @@ impl DecisionRing {
         before: Option<u64>,
         limit: usize,
     ) -> (Vec<Arc<Stored>>, Option<u64>) {
-        let mut all = self.lock_all();
+        let all = self.lock_all();
         let before = before.unwrap_or(u64::MAX);
         let order = all.merged(0);
-        let end = order.partition_point(|&at| all.slot(at).seq() < before);
+        let end = order.partition_point(|&at| all.slot(at).seq < before);
         let mut page = Vec::with_capacity(limit.min(256));
         let mut next = None;
-        for &(shard, at) in order[..end].iter().rev() {
+        for &at in order[..end].iter().rev() {
             if page.len() == limit {
                 next = page.last().map(|r: &Arc<Stored>| r.seq);
                 break;
             }
-            if all.slot((shard, at)).matches(filter) {
-                let (stored, change) = all.shards[shard].ready(at);
-                self.charge(change);
-                page.push(stored);
+            let record = all.slot(at);
+            if filter.matches(record) {
+                page.push(record.clone());
             }
         }
-        drop(all);
-        self.fit();
         (page, next)
     }
 
     /// Up to `max` matching records after sequence number `cursor`, oldest first. Cursor 0
     /// reads from the oldest kept record and never reports a miss.
     pub fn after(&self, filter: &Filter, cursor: u64, max: usize) -> After {
-        let mut all = self.lock_all();
+        let all = self.lock_all();
         let next_seq = self.next_seq.load(Ordering::Relaxed);
         // A cursor past the newest record is from an earlier process: read on from now.
         let cursor = cursor.min(next_seq - 1);
@@ -596,23 +393,20 @@ impl DecisionRing {
         let mut records = Vec::new();
         let mut last = cursor.max(oldest.saturating_sub(1));
         let mut read = 0;
-        for &(shard, at) in &order {
+        for &at in &order {
             if records.len() == max {
                 break;
             }
             read += 1;
-            last = all.slot((shard, at)).seq();
-            if all.slot((shard, at)).matches(filter) {
-                let (stored, change) = all.shards[shard].ready(at);
-                self.charge(change);
-                records.push(stored);
+            let record = all.slot(at);
+            last = record.seq;
+            if filter.matches(record) {
+                records.push(record.clone());
             }
         }
         if read == order.len() {
             last = last.max(next_seq - 1);
         }
-        drop(all);
-        self.fit();
         After {
             records,
             missed,

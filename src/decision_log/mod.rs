@@ -14,7 +14,10 @@
 //!
 //! The same writer thread keeps each record, serialized once, in the in-memory ring
 //! ([`crate::decision_ring`], `[log] decisions_ring`) that `GET /v1/decisions` reads, whether
-//! or not there is a sink: with the sink `off` and the ring on, records are still built.
+//! or not there is a sink: with the sink `off` and the ring on, records are still built. When
+//! the ring is the only reader (sink `off`, no export), the egress proxy renders its records
+//! and files them in the ring itself, on its own thread: sending each to the writer cost more
+//! than everything else the ring does ([`crate::decision_ring`] has the figures).
 //! With `[telemetry] otlp_logs = true` it also hands those bytes to
 //! [`crate::telemetry::DecisionExport`], which sends them to the collector as OTLP log
 //! records; [`DecisionLog::close`] has them exported before the process exits.
@@ -34,7 +37,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::decision_ring::{DecisionRing, Deferred, Meta};
+use crate::decision_ring::{DecisionRing, Meta};
 use crate::telemetry::{DecisionEvent, DecisionExport, DECISIONS_QUEUE};
 
 mod line;
@@ -297,55 +300,6 @@ fn egress_decision_id(record: &DecisionRecord) -> Cow<'_, str> {
     )
 }
 
-/// The bytes of an egress line that do not come from the record: its keys, punctuation,
-/// decision id, labels and numbers (a line of empty fields is ~450 bytes).
-const EGRESS_LINE_FIXED: usize = 640;
-
-/// An egress record kept in the ring unrendered, when nothing else needs its line.
-impl Deferred for DecisionRecord {
-    fn sandbox(&self) -> Option<&str> {
-        self.sandbox.as_deref()
-    }
-
-    fn workspace(&self) -> Option<&str> {
-        self.workspace.as_deref()
-    }
-
-    /// The record, its strings and its policy decision (the input as the engine holds it,
-    /// the answer about as long as the reasons): each string counted once as held and once
-    /// as written, so the estimate covers the line too.
-    fn held_bytes(&self) -> usize {
-        let texts = [&self.ts, &self.host]
-            .into_iter()
-            .chain(
-                [
-                    &self.sandbox,
-                    &self.workspace,
-                    &self.method,
-                    &self.path,
-                    &self.action,
-                ]
-                .into_iter()
-                .flatten(),
-            )
-            .chain(&self.reasons)
-            .chain(&self.credentials)
-            .chain(&self.credential_notes)
-            .map(|s| s.len() + 16)
-            .sum::<usize>();
-        let policy = self.policy.as_ref().map_or(0, |p| {
-            std::mem::size_of::<LoggedEval>()
-                + p.decision_id.len()
-                + 2 * render::held_bytes(&p.input.value)
-        });
-        std::mem::size_of::<DecisionRecord>() + EGRESS_LINE_FIXED + 3 * texts + policy
-    }
-
-    fn render(&self, out: &mut Vec<u8>) {
-        line::egress_line(self, &egress_decision_id(self), out, None);
-    }
-}
-
 /// The input of an egress record policy did not decide, from the record's own fields.
 fn summary_input(record: &DecisionRecord) -> serde_json::Value {
     let mut request = serde_json::Map::new();
@@ -389,10 +343,9 @@ impl Sink {
 pub struct DecisionLog {
     tx: Option<mpsc::Sender<Entry>>,
     /// The ring, when nothing else reads egress records (no sink, no export): the proxy
-    /// then files each one there itself, unrendered, in the shard of the thread that made
-    /// it ([`crate::decision_ring`] says why and when it is rendered). Policy records are
-    /// few (one per API operation's layer) and their rendering can fail, so they still go
-    /// through the writer.
+    /// then renders each one and files it there itself, in the shard of the thread that
+    /// made it ([`crate::decision_ring`] says why). Policy records are few (one per API
+    /// operation's layer) and their rendering can fail, so they still go through the writer.
     direct: Option<Arc<DecisionRing>>,
     /// `[log] full_argv`: policy records keep an exec's argv whole.
     full_argv: bool,
@@ -472,7 +425,7 @@ impl DecisionLog {
 
     pub fn record(&self, record: DecisionRecord) {
         match &self.direct {
-            Some(ring) => ring.push_deferred("egress", record.decision, Box::new(record)),
+            Some(ring) => file_rendered(ring, record),
             None => self.send(Entry::Record(Logged::Egress(record))),
         }
     }
@@ -505,6 +458,31 @@ impl DecisionLog {
             }
         }
     }
+}
+
+/// Renders an egress record on the calling thread (without the writer's memo, which is the
+/// writer's own) and files it in the ring; the record, its input included, is freed here.
+fn file_rendered(ring: &DecisionRing, record: DecisionRecord) {
+    thread_local! {
+        /// Where this thread renders (the ring gets a copy allocated to the line's length).
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let json = SCRATCH.with_borrow_mut(|out| {
+        out.clear();
+        line::egress_line(&record, &egress_decision_id(&record), out, None);
+        let json = Box::from(out.as_slice());
+        if out.capacity() > SCRATCH_KEPT {
+            *out = Vec::new();
+        }
+        json
+    });
+    let meta = Meta {
+        sandbox: record.sandbox,
+        workspace: record.workspace,
+        layer: "egress",
+        decision: record.decision,
+    };
+    ring.push(meta, json);
 }
 
 /// Where records are written; `None` for `off`.

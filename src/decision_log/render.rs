@@ -116,24 +116,6 @@ impl Memo {
     }
 }
 
-/// About what `value` holds in memory, in bytes: its strings and a node's worth for each
-/// value and member. What the ring charges an unrendered record's input
-/// ([`crate::decision_ring::Deferred::held_bytes`]); doubled there, it also covers the
-/// input's JSON, unless its strings are mostly characters JSON escapes.
-pub(super) fn held_bytes(value: &Value) -> usize {
-    const NODE: usize = 32;
-    NODE + match value {
-        Value::String(s) => s.len(),
-        Value::Array(items) => items.iter().map(held_bytes).sum(),
-        Value::Set(items) => items.iter().map(held_bytes).sum(),
-        Value::Object(fields) => fields
-            .iter()
-            .map(|(key, value)| held_bytes(key) + held_bytes(value))
-            .sum(),
-        _ => 0,
-    }
-}
-
 fn write_value(value: &Value, out: &mut Vec<u8>) -> Result<(), Declined> {
     match value {
         Value::String(s) => write_text(s, out),
