@@ -5,8 +5,10 @@
 //! - Bounded twice: at most `[log] decisions_ring` records and `[log] decisions_ring_bytes`
 //!   bytes (each record counts its JSON text, its filter fields and a fixed overhead). When a
 //!   push passes either bound, old records are evicted: the oldest of the pushing thread's
-//!   shard first (below), then the oldest of another shard; a record larger than the byte
-//!   bound alone is not kept at all (counted in `sandgate_decision_ring_dropped_total`).
+//!   shard first (below), then the oldest of another shard that is not locked at that moment
+//!   (so threads pushing at once may each leave one record over the bound, until the next
+//!   push); a record larger than the byte bound alone is not kept at all (counted in
+//!   `sandgate_decision_ring_dropped_total`).
 //!   `decisions_ring = 0` disables the ring.
 //! - Sharded by the thread that pushes: each thread files its records in its own shard (a
 //!   few per core), so the proxy's workers never share a lock or free each other's records.
@@ -186,25 +188,17 @@ struct All<'a> {
 }
 
 impl All<'_> {
-    /// (shard, index) of every record, in sequence order, from the first at or after `from`.
-    fn merged(&self, from: u64) -> Vec<(usize, usize)> {
+    /// (shard, index) of the records at or after `from`, in sequence order, merged lazily
+    /// (readers stop early; the shards stay locked while they read).
+    fn merged(&self, from: u64) -> impl Iterator<Item = (usize, usize)> + '_ {
         let mut at: Vec<usize> = self.shards.iter().map(|s| s.position(from)).collect();
-        let total = self
-            .shards
-            .iter()
-            .zip(&at)
-            .map(|(s, a)| s.items.len() - a)
-            .sum();
-        let mut out = Vec::with_capacity(total);
-        for _ in 0..total {
-            let next = (0..self.shards.len())
+        std::iter::from_fn(move || {
+            let i = (0..self.shards.len())
                 .filter(|&i| at[i] < self.shards[i].items.len())
-                .min_by_key(|&i| self.shards[i].items[at[i]].seq);
-            let Some(i) = next else { break };
-            out.push((i, at[i]));
+                .min_by_key(|&i| self.shards[i].items[at[i]].seq)?;
             at[i] += 1;
-        }
-        out
+            Some((i, at[i] - 1))
+        })
     }
 
     fn slot(&self, (shard, at): (usize, usize)) -> &Arc<Stored> {
@@ -355,29 +349,38 @@ impl DecisionRing {
 
     /// One page, newest first: up to `limit` matching records with a sequence number below
     /// `before` (all when `None`), and the cursor of the next page when there may be more.
+    /// Shards are read one at a time, so a page never holds up the proxy's pushes for
+    /// longer than one shard takes to read; it is a view of each shard when it was read.
     pub fn page(
         &self,
         filter: &Filter,
         before: Option<u64>,
         limit: usize,
     ) -> (Vec<Arc<Stored>>, Option<u64>) {
-        let all = self.lock_all();
         let before = before.unwrap_or(u64::MAX);
-        let order = all.merged(0);
-        let end = order.partition_point(|&at| all.slot(at).seq < before);
-        let mut page = Vec::with_capacity(limit.min(256));
-        let mut next = None;
-        for &at in order[..end].iter().rev() {
-            if page.len() == limit {
-                next = page.last().map(|r: &Arc<Stored>| r.seq);
-                break;
-            }
-            let record = all.slot(at);
-            if filter.matches(record) {
-                page.push(record.clone());
+        let mut found = Vec::new();
+        let mut more = false;
+        for shard in 0..self.shards.len() {
+            let inner = self.lock(shard);
+            let end = inner.position(before);
+            let mut taken = 0;
+            for record in inner.items.range(..end).rev() {
+                if taken == limit {
+                    // Another record below: the page may go on.
+                    more = true;
+                    break;
+                }
+                if filter.matches(record) {
+                    found.push(record.clone());
+                    taken += 1;
+                }
             }
         }
-        (page, next)
+        found.sort_unstable_by_key(|r| std::cmp::Reverse(r.seq));
+        more |= found.len() > limit;
+        found.truncate(limit);
+        let next = found.last().map(|r| r.seq).filter(|_| more);
+        (found, next)
     }
 
     /// Up to `max` matching records after sequence number `cursor`, oldest first. Cursor 0
@@ -389,22 +392,18 @@ impl DecisionRing {
         let cursor = cursor.min(next_seq - 1);
         let oldest = all.oldest().unwrap_or(next_seq);
         let missed = cursor > 0 && cursor < self.evicted_max.load(Ordering::Relaxed);
-        let order = all.merged(cursor.saturating_add(1));
+        let mut order = all.merged(cursor.saturating_add(1)).peekable();
         let mut records = Vec::new();
         let mut last = cursor.max(oldest.saturating_sub(1));
-        let mut read = 0;
-        for &at in &order {
-            if records.len() == max {
-                break;
-            }
-            read += 1;
+        while records.len() < max {
+            let Some(at) = order.next() else { break };
             let record = all.slot(at);
             last = record.seq;
             if filter.matches(record) {
                 records.push(record.clone());
             }
         }
-        if read == order.len() {
+        if order.peek().is_none() {
             last = last.max(next_seq - 1);
         }
         After {

@@ -217,9 +217,25 @@ fn threads_push_into_their_own_shards_and_readers_see_one_order() {
     assert!(seen > 0);
     let read = r.after(&Filter::default(), 0, usize::MAX);
     let (count, bytes) = r.usage();
-    assert!(count <= 500, "{count}");
+    // A push that found every other shard busy may leave one record over, per writer.
+    assert!(count <= 500 + 4, "{count}");
     assert_eq!(read.records.len(), count);
     assert!(read.records.windows(2).all(|w| w[0].seq < w[1].seq));
     assert_eq!(read.records.last().unwrap().seq, 12_000);
     assert_eq!(read.records.iter().map(|s| s.cost()).sum::<usize>(), bytes);
+    // Pages over the shards, chained by cursor, give the same records newest first.
+    let mut paged = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (page, next) = r.page(&Filter::default(), cursor, 7);
+        assert!(page.len() <= 7);
+        paged.extend(page.iter().map(|s| s.seq));
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let mut expected: Vec<u64> = read.records.iter().map(|s| s.seq).collect();
+    expected.reverse();
+    assert_eq!(paged, expected);
 }
