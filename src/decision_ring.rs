@@ -11,8 +11,9 @@
 //!   `sandgate_decision_ring_dropped_total`).
 //!   `decisions_ring = 0` disables the ring.
 //! - Sharded by the thread that pushes: each thread files its records in its own shard (a
-//!   few per core), so the proxy's workers never share a lock or free each other's records.
-//!   Readers lock every shard at once and read them merged in sequence order. What is kept
+//!   few per core), so the proxy's workers do not share a lock, and free each other's
+//!   records only when their own shard has nothing left to evict. A stream's read locks every
+//!   shard at once and reads them merged in sequence order; a page reads one at a time. What is kept
 //!   is therefore the newest records of each shard: a quiet thread's records may outlive a
 //!   busy one's newer records.
 //! - Each record gets a sequence number, growing by one per record from 1, which is the
@@ -146,7 +147,6 @@ fn shard_count() -> usize {
 }
 
 fn my_shard(count: usize) -> usize {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -219,7 +219,7 @@ impl DecisionRing {
         if limits.max_records == 0 || limits.max_bytes == 0 {
             return None;
         }
-        let ring = Arc::new(DecisionRing {
+        Some(Arc::new(DecisionRing {
             limits,
             bytes_gauge: metrics::gauge!("sandgate_decision_ring_bytes"),
             shards: (0..shard_count()).map(|_| Mutex::default()).collect(),
@@ -228,8 +228,7 @@ impl DecisionRing {
             evicted_max: AtomicU64::new(0),
             bytes: AtomicUsize::new(0),
             latest: watch::channel(0).0,
-        });
-        Some(ring)
+        }))
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Inner> {
@@ -242,11 +241,14 @@ impl DecisionRing {
         }
     }
 
-    /// Keeps one record (its JSON line without the newline), evicting the oldest as needed.
-    /// Keeps `json` (which should be allocated to its length: the ring counts its length,
-    /// the allocator the block) under `meta`.
+    /// Keeps one record (its JSON line without the newline) under `meta`, in this thread's
+    /// shard and under the next sequence number, then evicts until both bounds hold again:
+    /// this shard's oldest records first (freed by the thread that made them), then, when
+    /// this shard has nothing else, the oldest of another shard it can lock without
+    /// waiting. `json` should be allocated to its length: the ring counts its length, the
+    /// allocator the block.
     pub fn push(&self, meta: Meta, json: Box<[u8]>) {
-        let stored = Stored {
+        let mut stored = Stored {
             seq: 0,
             at_ms: now_ms(),
             sandbox: meta.sandbox.map(String::into_boxed_str),
@@ -256,14 +258,6 @@ impl DecisionRing {
             json,
         };
         let cost = stored.cost();
-        self.keep(cost, stored);
-    }
-
-    /// Files `stored` under the next sequence number in this thread's shard, then evicts
-    /// until both bounds hold again: this shard's oldest records first (freed by the thread
-    /// that made them), then, when this shard has nothing else, the oldest of another shard
-    /// it can lock without waiting.
-    fn keep(&self, cost: usize, mut stored: Stored) {
         if cost > self.limits.max_bytes {
             metrics::counter!("sandgate_decision_ring_dropped_total").increment(1);
             return;

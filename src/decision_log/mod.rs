@@ -909,6 +909,82 @@ mod tests {
         assert_eq!(written(log.loggable(&engine_value)), input);
     }
 
+    /// An egress record with a policy decision (so its id, and its line, are fixed).
+    fn egress_record(host: &str) -> DecisionRecord {
+        let input = regorus::Value::from_json_str(&format!(
+            r#"{{"phase":"request","destination":{{"host":"{host}","port":443}},
+               "request":{{"method":"GET","path":"/x?token=s3cret","headers":{{"accept":"*/*"}}}}}}"#
+        ))
+        .unwrap();
+        DecisionRecord {
+            ts: "2026-12-07T00:00:00Z".into(),
+            kind: "egress",
+            sandbox: Some("sb-1".into()),
+            workspace: Some("ws-1".into()),
+            phase: "request",
+            protocol: "https/h1",
+            host: host.into(),
+            port: 443,
+            ip: Some([127, 0, 0, 1].into()),
+            method: Some("GET".into()),
+            path: Some("/x?token=".into()),
+            decision: "allow",
+            code: None,
+            reasons: Vec::new(),
+            action: Some("inspect".into()),
+            credentials: Vec::new(),
+            credential_types: Vec::new(),
+            policy_generation: 3,
+            latency_us: 42,
+            policy: Some(Arc::new(LoggedEval {
+                decision_id: "0b6c0a4e-6f5e-4c1e-9a77-3c1f0f2f1a10".into(),
+                input: LoggedInput {
+                    value: input,
+                    full_argv: false,
+                },
+                result: serde_json::json!({"allow": true, "deny": [], "action": "inspect"}),
+            })),
+            deny_mode: None,
+            credential_notes: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn with_only_the_ring_to_read_them_egress_records_are_filed_by_the_caller_as_the_writer_writes_them(
+    ) {
+        let limits = crate::decision_ring::RingLimits {
+            max_records: 100,
+            max_bytes: 1 << 20,
+        };
+        let record = egress_record("api.example.test");
+        // Sink off, no export: the record is in the ring when `record` returns.
+        let ring = DecisionRing::new(limits).unwrap();
+        let log = DecisionLog::start_with(Sink::Off, Some(ring.clone()), None, 16).unwrap();
+        log.record(record.clone());
+        let (direct, _) = ring.page(&crate::decision_ring::Filter::default(), None, 10);
+        assert_eq!(
+            direct.len(),
+            1,
+            "filed by the caller, not later by the writer"
+        );
+        assert_eq!(direct[0].sandbox.as_deref(), Some("sb-1"));
+        assert!(!String::from_utf8_lossy(&direct[0].json).contains("s3cret"));
+        // With a sink, the writer renders it (with its memo): the same bytes, in the file
+        // and in the ring.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        let ring = DecisionRing::new(limits).unwrap();
+        let log = DecisionLog::start_with(Sink::File(path.clone()), Some(ring.clone()), None, 16)
+            .unwrap();
+        log.record(record);
+        log.close(Duration::from_secs(5)).await;
+        let (written, _) = ring.page(&crate::decision_ring::Filter::default(), None, 10);
+        assert_eq!(written.len(), 1);
+        assert_eq!(direct[0].json, written[0].json);
+        let file = std::fs::read(&path).unwrap();
+        assert_eq!(file, [&*written[0].json, b"\n"].concat());
+    }
+
     #[test]
     fn decision_ids_are_version_4_uuids() {
         let a = new_decision_id();
