@@ -83,3 +83,34 @@ fn hop_by_hop_headers_go_and_te_trailers_stays() {
     assert_eq!(headers[header::TE], "trailers");
     assert_eq!(headers[header::ACCEPT], "*/*");
 }
+
+proptest::proptest! {
+    /// The shortcut changes nothing: with or without it, the same headers are left.
+    #[test]
+    fn hop_by_hop_headers_are_stripped_as_without_the_shortcut(
+        fields in proptest::collection::vec(
+            (
+                proptest::sample::select(&[
+                    "host", "accept", "connection", "upgrade", "te", "keep-alive",
+                    "proxy-connection", "proxy-authorization", "proxy-authenticate",
+                    "transfer-encoding", "x-drop-me", "content-length",
+                ][..]),
+                proptest::sample::select(&["trailers", "x-drop-me, keep-alive", "close", "1", ""][..]),
+            ),
+            0..6,
+        ),
+        keep_upgrade in proptest::bool::ANY,
+    ) {
+        let mut headers = HeaderMap::new();
+        for (name, value) in fields {
+            headers.append(
+                http::HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        let mut reference = headers.clone();
+        strip_named(&mut reference, keep_upgrade);
+        strip_hop_by_hop(&mut headers, keep_upgrade);
+        proptest::prop_assert_eq!(headers, reference);
+    }
+}
