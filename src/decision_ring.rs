@@ -4,24 +4,15 @@
 //! Contract:
 //! - Bounded twice: at most `[log] decisions_ring` records and `[log] decisions_ring_bytes`
 //!   bytes (each record counts its JSON text, its filter fields and a fixed overhead). When a
-//!   push passes either bound, old records are evicted: the oldest of the pushing thread's
-//!   shard first (below), then the oldest of another shard that is not locked at that moment
-//!   (so threads pushing at once may each leave one record over the bound, until the next
-//!   push); a record larger than the byte bound alone is not kept at all (counted in
-//!   `sandgate_decision_ring_dropped_total`).
+//!   push passes either bound, the oldest records are evicted; a record larger than the byte
+//!   bound alone is not kept at all (counted in `sandgate_decision_ring_dropped_total`).
 //!   `decisions_ring = 0` disables the ring.
-//! - Sharded by the thread that pushes: each thread files its records in its own shard (a
-//!   few per core), so the proxy's workers do not share a lock, and free each other's
-//!   records only when their own shard has nothing left to evict. A stream's read locks every
-//!   shard at once and reads them merged in sequence order; a page reads one at a time. What is kept
-//!   is therefore the newest records of each shard: a quiet thread's records may outlive a
-//!   busy one's newer records.
 //! - Each record gets a sequence number, growing by one per record from 1, which is the
 //!   cursor of the list and the event id of the stream. Numbers restart with the process.
 //!   A reader whose cursor is below a number already evicted is told it missed records.
 //! - Records are kept as their serialized JSON line (the exact bytes the decision log
-//!   writes), not as a JSON tree: a ~2 KB record costs ~2 KB, not the tens of small
-//!   allocations a `serde_json::Value` would.
+//!   writes), not as a JSON tree, in one byte arena of `decisions_ring_bytes` allocated at
+//!   the first push and written in a circle ([`Arena`]); readers get copies.
 //! - Who feeds it: with no sink and no export (`[log] decisions = "off"`), the egress proxy
 //!   renders its records itself and files them here, on the thread that made them;
 //!   otherwise the decision log's writer thread, which renders each record once for every
@@ -30,15 +21,13 @@
 //!   the replica running the proxy. Nothing is persisted in the store.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
-/// Overhead charged per record beyond its bytes: the `Stored` struct, its `Arc` and the
-/// ring's slot, rounded up.
-const RECORD_OVERHEAD: usize = 128;
+/// Overhead charged per record beyond its bytes: its [`Slot`] in the index, rounded up.
+const RECORD_OVERHEAD: usize = 96;
 
 /// The ring's bounds (`[log] decisions_ring`, `[log] decisions_ring_bytes`).
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +36,8 @@ pub struct RingLimits {
     pub max_bytes: usize,
 }
 
-/// One kept record: the fields the API filters on, and the record's JSON text.
+/// A record as a reader gets it: a copy of the fields the API filters on and of the
+/// record's JSON text.
 #[derive(Debug)]
 pub struct Stored {
     pub seq: u64,
@@ -63,19 +53,25 @@ pub struct Stored {
 }
 
 impl Stored {
-    fn cost(&self) -> usize {
-        RECORD_OVERHEAD
-            + self.json.len()
-            + self.sandbox.as_deref().map_or(0, str::len)
-            + self.workspace.as_deref().map_or(0, str::len)
+    /// What the record counted against the byte bound while the ring held it.
+    pub fn cost(&self) -> usize {
+        cost(
+            self.sandbox.as_deref(),
+            self.workspace.as_deref(),
+            self.json.len(),
+        )
     }
 }
 
+fn cost(sandbox: Option<&str>, workspace: Option<&str>, json: usize) -> usize {
+    RECORD_OVERHEAD + sandbox.map_or(0, str::len) + workspace.map_or(0, str::len) + json
+}
+
 /// What a new record is filed under.
-#[derive(Debug, Clone, Default)]
-pub struct Meta {
-    pub sandbox: Option<String>,
-    pub workspace: Option<String>,
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Meta<'a> {
+    pub sandbox: Option<&'a str>,
+    pub workspace: Option<&'a str>,
     pub layer: &'static str,
     pub decision: &'static str,
 }
@@ -94,17 +90,29 @@ pub struct Filter {
 
 impl Filter {
     pub fn matches(&self, r: &Stored) -> bool {
+        self.matches_fields(
+            &Meta {
+                sandbox: r.sandbox.as_deref(),
+                workspace: r.workspace.as_deref(),
+                layer: r.layer,
+                decision: r.decision,
+            },
+            r.at_ms,
+        )
+    }
+
+    fn matches_fields(&self, r: &Meta<'_>, at_ms: u64) -> bool {
         let same = |want: &Option<String>, have: Option<&str>| {
             want.as_deref().is_none_or(|w| have == Some(w))
         };
-        same(&self.sandbox, r.sandbox.as_deref())
-            && same(&self.workspace, r.workspace.as_deref())
+        same(&self.sandbox, r.sandbox)
+            && same(&self.workspace, r.workspace)
             && same(&self.layer, Some(r.layer))
             && self
                 .decision
                 .as_deref()
                 .is_none_or(|d| d == r.decision || (d == "deny" && r.decision == "error"))
-            && self.since_ms.is_none_or(|s| r.at_ms >= s)
+            && self.since_ms.is_none_or(|s| at_ms >= s)
     }
 }
 
@@ -118,40 +126,160 @@ pub struct After {
     pub cursor: u64,
 }
 
-/// One shard: the records pushed by the threads assigned to it, in sequence order.
-#[derive(Default)]
+/// One kept record: where its bytes are in the arena (sandbox, workspace, then the JSON
+/// line, back to back) and what it is filed under.
+#[derive(Debug)]
+struct Slot {
+    seq: u64,
+    at_ms: u64,
+    /// The arena position of its first byte (positions only grow; the offset is the
+    /// position modulo the arena's length).
+    at: u64,
+    sandbox: Option<u32>,
+    workspace: Option<u32>,
+    json: u32,
+    layer: &'static str,
+    decision: &'static str,
+}
+
+impl Slot {
+    fn len(&self) -> u64 {
+        u64::from(self.sandbox.unwrap_or(0) + self.workspace.unwrap_or(0) + self.json)
+    }
+}
+
+/// The records' bytes, written in a circle. A record is never split at the end: one that
+/// does not fit before it starts again at the beginning (the gap counts as used until
+/// the records before it go).
+///
+/// Why one arena and not an allocation per record: the proxy's workers file their records
+/// themselves (see the module docs), and a line allocated per request among a tunnel's own
+/// allocations stayed behind when the tunnel closed: live ring lines scattered over the
+/// workers' allocator pages kept those pages from going back (10,000 tunnels that carried a
+/// request each left RSS +20.6 MiB over its level before they opened, against +17.8 MiB
+/// when the writer thread made the lines). The arena is allocated once, zeroed by the
+/// allocator (so its pages are resident only once written), and never freed or moved
+/// while the process runs; pushing a record is a copy into it.
+struct Arena {
+    bytes: Box<[u8]>,
+    /// The position the next record's first byte would be written at.
+    end: u64,
+}
+
+impl Arena {
+    fn new(len: usize) -> Arena {
+        Arena {
+            bytes: vec![0u8; len].into_boxed_slice(),
+            end: 0,
+        }
+    }
+
+    fn size(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    /// Where a record of `len` bytes goes: at the end, or at the beginning when it would
+    /// run past the arena's last byte.
+    fn place(&self, len: u64) -> u64 {
+        let offset = self.end % self.size();
+        if offset + len > self.size() {
+            self.end + (self.size() - offset)
+        } else {
+            self.end
+        }
+    }
+
+    fn write(&mut self, at: u64, parts: [&[u8]; 3]) {
+        let mut offset = (at % self.size()) as usize;
+        for part in parts {
+            self.bytes[offset..offset + part.len()].copy_from_slice(part);
+            offset += part.len();
+        }
+        self.end = at + parts.iter().map(|p| p.len() as u64).sum::<u64>();
+    }
+
+    /// The sandbox, workspace and JSON of `slot`.
+    fn read(&self, slot: &Slot) -> (Option<&str>, Option<&str>, &[u8]) {
+        let start = (slot.at % self.size()) as usize;
+        let sandbox_end = start + slot.sandbox.unwrap_or(0) as usize;
+        let workspace_end = sandbox_end + slot.workspace.unwrap_or(0) as usize;
+        // Written from `&str`s by `push`, so never invalid; an empty name if it were.
+        let text = |range: std::ops::Range<usize>| {
+            std::str::from_utf8(&self.bytes[range]).unwrap_or_default()
+        };
+        (
+            slot.sandbox.map(|_| text(start..sandbox_end)),
+            slot.workspace.map(|_| text(sandbox_end..workspace_end)),
+            &self.bytes[workspace_end..workspace_end + slot.json as usize],
+        )
+    }
+}
+
 struct Inner {
-    items: VecDeque<Arc<Stored>>,
+    /// Allocated at the first push.
+    arena: Option<Arena>,
+    slots: VecDeque<Slot>,
+    next_seq: u64,
+    /// Bytes counted against the byte bound ([`cost`] of every slot).
+    bytes: usize,
+    /// The highest sequence number evicted so far: a reader whose cursor is below it
+    /// missed records.
+    evicted_max: u64,
 }
 
 impl Inner {
     fn position(&self, seq: u64) -> usize {
-        self.items.partition_point(|r| r.seq < seq)
+        self.slots.partition_point(|r| r.seq < seq)
     }
-}
 
-/// Shards: each thread pushes into the one it was assigned (round robin, at its first
-/// push), so a proxy worker's records are made, kept and, when evicted, freed on that
-/// worker. Why: handing every record to another thread was the ring's largest cost, more
-/// than rendering it (measured: keep-alive h1 through one worker, 42.3 µs of proxy CPU a
-/// request with records sent to the writer thread, 33.4 µs with the same records built and
-/// dropped where they were made, 31.9 µs with no ring), since each one's two dozen
-/// allocations were then freed on the other core and came back to the worker cold.
-/// (Rendering alone is not what costs: the writer thread was ~5% of the proxy's CPU
-/// samples, rendering ~1%.)
-fn shard_count() -> usize {
-    std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .saturating_mul(2)
-        .clamp(4, 64)
-}
-
-fn my_shard(count: usize) -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    fn meta<'a>(&'a self, slot: &'a Slot) -> Meta<'a> {
+        let (sandbox, workspace, _) = self.arena().read(slot);
+        Meta {
+            sandbox,
+            workspace,
+            layer: slot.layer,
+            decision: slot.decision,
+        }
     }
-    MINE.with(|n| *n % count)
+
+    fn arena(&self) -> &Arena {
+        // A slot exists only once a push has allocated the arena.
+        self.arena
+            .as_ref()
+            .expect("the arena of a ring holding records")
+    }
+
+    /// A reader's copy of `slot`.
+    fn copy(&self, slot: &Slot) -> Arc<Stored> {
+        let (sandbox, workspace, json) = self.arena().read(slot);
+        Arc::new(Stored {
+            seq: slot.seq,
+            at_ms: slot.at_ms,
+            sandbox: sandbox.map(Box::from),
+            workspace: workspace.map(Box::from),
+            layer: slot.layer,
+            decision: slot.decision,
+            json: Box::from(json),
+        })
+    }
+
+    fn slot_cost(&self, slot: &Slot) -> usize {
+        RECORD_OVERHEAD + slot.len() as usize
+    }
+
+    fn evict(&mut self) {
+        if let Some(old) = self.slots.pop_front() {
+            self.bytes -= self.slot_cost(&old);
+            self.evicted_max = old.seq;
+        }
+    }
+
+    /// Whether a record placed at arena position `at`, `len` long, would overwrite a kept one.
+    fn overlaps(&self, at: u64, len: u64) -> bool {
+        self.slots
+            .front()
+            .is_some_and(|oldest| at + len - oldest.at > self.arena().size())
+    }
 }
 
 pub struct DecisionRing {
@@ -159,16 +287,9 @@ pub struct DecisionRing {
     /// `sandgate_decision_ring_bytes`, looked up once (a lookup per record hashed the
     /// name into the registry each time), in the scope the gateway starts in.
     bytes_gauge: metrics::Gauge,
-    shards: Box<[Mutex<Inner>]>,
-    /// The next sequence number, taken under the lock of the shard the record goes into,
-    /// so a reader holding every shard's lock sees every number handed out so far.
-    next_seq: AtomicU64,
-    /// Records and bytes held, over all shards.
-    records: AtomicUsize,
-    /// The highest sequence number evicted so far: a reader whose cursor is below it missed
-    /// records (shards evict on their own, so the oldest record kept does not tell).
-    evicted_max: AtomicU64,
-    bytes: AtomicUsize,
+    /// One lock: a push holds it for a copy of a line (a few hundred nanoseconds), which
+    /// the proxy's workers do not wait on measurably.
+    inner: Mutex<Inner>,
     /// The newest sequence number, for streams waiting on the next record; sent only while
     /// someone listens.
     latest: watch::Sender<u64>,
@@ -182,37 +303,6 @@ impl std::fmt::Debug for DecisionRing {
     }
 }
 
-/// Every shard, locked in order: what readers see at once.
-struct All<'a> {
-    shards: Vec<MutexGuard<'a, Inner>>,
-}
-
-impl All<'_> {
-    /// (shard, index) of the records at or after `from`, in sequence order, merged lazily
-    /// (readers stop early; the shards stay locked while they read).
-    fn merged(&self, from: u64) -> impl Iterator<Item = (usize, usize)> + '_ {
-        let mut at: Vec<usize> = self.shards.iter().map(|s| s.position(from)).collect();
-        std::iter::from_fn(move || {
-            let i = (0..self.shards.len())
-                .filter(|&i| at[i] < self.shards[i].items.len())
-                .min_by_key(|&i| self.shards[i].items[at[i]].seq)?;
-            at[i] += 1;
-            Some((i, at[i] - 1))
-        })
-    }
-
-    fn slot(&self, (shard, at): (usize, usize)) -> &Arc<Stored> {
-        &self.shards[shard].items[at]
-    }
-
-    fn oldest(&self) -> Option<u64> {
-        self.shards
-            .iter()
-            .filter_map(|s| s.items.front().map(|r| r.seq))
-            .min()
-    }
-}
-
 impl DecisionRing {
     /// `None` when the ring is disabled (`max_records` or `max_bytes` is 0).
     pub fn new(limits: RingLimits) -> Option<Arc<DecisionRing>> {
@@ -222,118 +312,80 @@ impl DecisionRing {
         Some(Arc::new(DecisionRing {
             limits,
             bytes_gauge: metrics::gauge!("sandgate_decision_ring_bytes"),
-            shards: (0..shard_count()).map(|_| Mutex::default()).collect(),
-            next_seq: AtomicU64::new(1),
-            records: AtomicUsize::new(0),
-            evicted_max: AtomicU64::new(0),
-            bytes: AtomicUsize::new(0),
+            inner: Mutex::new(Inner {
+                arena: None,
+                slots: VecDeque::new(),
+                next_seq: 1,
+                bytes: 0,
+                evicted_max: 0,
+            }),
             latest: watch::channel(0).0,
         }))
     }
 
-    fn lock(&self, shard: usize) -> MutexGuard<'_, Inner> {
-        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_all(&self) -> All<'_> {
-        All {
-            shards: (0..self.shards.len()).map(|i| self.lock(i)).collect(),
-        }
-    }
-
-    /// Keeps one record (its JSON line without the newline) under `meta`, in this thread's
-    /// shard and under the next sequence number, then evicts until both bounds hold again:
-    /// this shard's oldest records first (freed by the thread that made them), then, when
-    /// this shard has nothing else, the oldest of another shard it can lock without
-    /// waiting. `json` should be allocated to its length: the ring counts its length, the
-    /// allocator the block.
-    pub fn push(&self, meta: Meta, json: Box<[u8]>) {
-        let mut stored = Stored {
-            seq: 0,
-            at_ms: now_ms(),
-            sandbox: meta.sandbox.map(String::into_boxed_str),
-            workspace: meta.workspace.map(String::into_boxed_str),
-            layer: meta.layer,
-            decision: meta.decision,
-            json,
-        };
-        let cost = stored.cost();
-        if cost > self.limits.max_bytes {
+    /// Keeps one record (its JSON line without the newline) under `meta` and the next
+    /// sequence number, evicting the oldest records until both bounds hold and its bytes
+    /// fit in the arena.
+    pub fn push(&self, meta: Meta<'_>, json: &[u8]) {
+        let cost = cost(meta.sandbox, meta.workspace, json.len());
+        // Lengths are kept as u32: a record that long is over any sensible bound anyway.
+        if cost > self.limits.max_bytes || cost > u32::MAX as usize {
             metrics::counter!("sandgate_decision_ring_dropped_total").increment(1);
             return;
         }
-        let mine = my_shard(self.shards.len());
+        let len32 = |s: &str| s.len() as u32;
+        let len = (cost - RECORD_OVERHEAD) as u64;
         let seq = {
-            let mut inner = self.lock(mine);
-            let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-            stored.seq = seq;
-            inner.items.push_back(Arc::new(stored));
-            self.records.fetch_add(1, Ordering::Relaxed);
-            self.bytes.fetch_add(cost, Ordering::Relaxed);
-            while self.over() && inner.items.len() > 1 {
-                self.evict(&mut inner);
+            let mut inner = self.lock();
+            let at = inner
+                .arena
+                .get_or_insert_with(|| Arena::new(self.limits.max_bytes))
+                .place(len);
+            while inner.slots.len() >= self.limits.max_records
+                || inner.bytes + cost > self.limits.max_bytes
+                || inner.overlaps(at, len)
+            {
+                inner.evict();
             }
+            if let Some(arena) = inner.arena.as_mut() {
+                let sandbox = meta.sandbox.unwrap_or_default().as_bytes();
+                let workspace = meta.workspace.unwrap_or_default().as_bytes();
+                arena.write(at, [sandbox, workspace, json]);
+            }
+            let seq = inner.next_seq;
+            inner.next_seq += 1;
+            inner.slots.push_back(Slot {
+                seq,
+                at_ms: now_ms(),
+                at,
+                sandbox: meta.sandbox.map(len32),
+                workspace: meta.workspace.map(len32),
+                json: json.len() as u32,
+                layer: meta.layer,
+                decision: meta.decision,
+            });
+            inner.bytes += cost;
+            self.bytes_gauge.set(inner.bytes as f64);
             seq
         };
-        while self.over() && self.evict_elsewhere(mine) {}
-        self.bytes_gauge
-            .set(self.bytes.load(Ordering::Relaxed) as f64);
         if self.latest.receiver_count() > 0 {
             self.latest.send_replace(seq);
         }
     }
 
-    fn over(&self) -> bool {
-        self.records.load(Ordering::Relaxed) > self.limits.max_records
-            || self.bytes.load(Ordering::Relaxed) > self.limits.max_bytes
-    }
-
-    fn evict(&self, inner: &mut Inner) -> bool {
-        let Some(old) = inner.items.pop_front() else {
-            return false;
-        };
-        self.records.fetch_sub(1, Ordering::Relaxed);
-        self.bytes.fetch_sub(old.cost(), Ordering::Relaxed);
-        self.evicted_max.fetch_max(old.seq, Ordering::Relaxed);
-        true
-    }
-
-    /// Evicts the oldest record of the other shards that are free to lock; false when
-    /// there was none.
-    fn evict_elsewhere(&self, mine: usize) -> bool {
-        let mut oldest: Option<(u64, MutexGuard<'_, Inner>)> = None;
-        for (i, shard) in self.shards.iter().enumerate() {
-            if i == mine {
-                continue;
-            }
-            let Ok(inner) = shard.try_lock() else {
-                continue;
-            };
-            let Some(seq) = inner.items.front().map(|r| r.seq) else {
-                continue;
-            };
-            if oldest.as_ref().is_none_or(|(o, _)| seq < *o) {
-                oldest = Some((seq, inner));
-            }
-        }
-        match oldest {
-            Some((_, mut inner)) => self.evict(&mut inner),
-            None => false,
-        }
-    }
-
     /// (records, bytes) held now.
     pub fn usage(&self) -> (usize, usize) {
-        let _all = self.lock_all();
-        (
-            self.records.load(Ordering::Relaxed),
-            self.bytes.load(Ordering::Relaxed),
-        )
+        let inner = self.lock();
+        (inner.slots.len(), inner.bytes)
     }
 
     /// The newest sequence number (0 before the first record).
     pub fn latest(&self) -> u64 {
-        self.next_seq.load(Ordering::Relaxed) - 1
+        self.lock().next_seq - 1
     }
 
     /// A receiver that changes whenever a record is pushed.
@@ -343,36 +395,27 @@ impl DecisionRing {
 
     /// One page, newest first: up to `limit` matching records with a sequence number below
     /// `before` (all when `None`), and the cursor of the next page when there may be more.
-    /// Shards are read one at a time, so a page never holds up the proxy's pushes for
-    /// longer than one shard takes to read; it is a view of each shard when it was read.
     pub fn page(
         &self,
         filter: &Filter,
         before: Option<u64>,
         limit: usize,
     ) -> (Vec<Arc<Stored>>, Option<u64>) {
-        let before = before.unwrap_or(u64::MAX);
+        let inner = self.lock();
+        let end = inner.position(before.unwrap_or(u64::MAX));
         let mut found = Vec::new();
         let mut more = false;
-        for shard in 0..self.shards.len() {
-            let inner = self.lock(shard);
-            let end = inner.position(before);
-            let mut taken = 0;
-            for record in inner.items.range(..end).rev() {
-                if taken == limit {
-                    // Another record below: the page may go on.
-                    more = true;
-                    break;
-                }
-                if filter.matches(record) {
-                    found.push(record.clone());
-                    taken += 1;
-                }
+        for slot in inner.slots.range(..end).rev() {
+            if !filter.matches_fields(&inner.meta(slot), slot.at_ms) {
+                continue;
             }
+            if found.len() == limit {
+                // Another match below: the page goes on.
+                more = true;
+                break;
+            }
+            found.push(inner.copy(slot));
         }
-        found.sort_unstable_by_key(|r| std::cmp::Reverse(r.seq));
-        more |= found.len() > limit;
-        found.truncate(limit);
         let next = found.last().map(|r| r.seq).filter(|_| more);
         (found, next)
     }
@@ -380,25 +423,24 @@ impl DecisionRing {
     /// Up to `max` matching records after sequence number `cursor`, oldest first. Cursor 0
     /// reads from the oldest kept record and never reports a miss.
     pub fn after(&self, filter: &Filter, cursor: u64, max: usize) -> After {
-        let all = self.lock_all();
-        let next_seq = self.next_seq.load(Ordering::Relaxed);
+        let inner = self.lock();
+        let newest = inner.next_seq - 1;
         // A cursor past the newest record is from an earlier process: read on from now.
-        let cursor = cursor.min(next_seq - 1);
-        let oldest = all.oldest().unwrap_or(next_seq);
-        let missed = cursor > 0 && cursor < self.evicted_max.load(Ordering::Relaxed);
-        let mut order = all.merged(cursor.saturating_add(1)).peekable();
+        let cursor = cursor.min(newest);
+        let missed = cursor > 0 && cursor < inner.evicted_max;
+        let from = inner.position(cursor.saturating_add(1));
         let mut records = Vec::new();
-        let mut last = cursor.max(oldest.saturating_sub(1));
+        let mut last = cursor.max(inner.slots.front().map_or(newest, |s| s.seq - 1));
+        let mut rest = inner.slots.range(from..).peekable();
         while records.len() < max {
-            let Some(at) = order.next() else { break };
-            let record = all.slot(at);
-            last = record.seq;
-            if filter.matches(record) {
-                records.push(record.clone());
+            let Some(slot) = rest.next() else { break };
+            last = slot.seq;
+            if filter.matches_fields(&inner.meta(slot), slot.at_ms) {
+                records.push(inner.copy(slot));
             }
         }
-        if order.peek().is_none() {
-            last = last.max(next_seq - 1);
+        if rest.peek().is_none() {
+            last = newest;
         }
         After {
             records,

@@ -21,7 +21,7 @@
 //! share after the input. Every key here is a constant that needs no escaping, so it is
 //! copied whole; strings take [`super::render::write_str`]'s copy-when-clean path.
 
-use super::render::{write_str, Memo};
+use super::render::write_str;
 use super::{summary_input, DecisionRecord};
 
 /// A JSON object being written: commas between members, keys copied whole.
@@ -94,12 +94,7 @@ impl<'a> Obj<'a> {
 }
 
 /// Appends `record`'s line (without the newline) to `out`, under `decision_id`.
-pub(super) fn egress_line(
-    record: &DecisionRecord,
-    decision_id: &str,
-    out: &mut Vec<u8>,
-    memo: Option<&mut Memo>,
-) {
+pub(super) fn egress_line(record: &DecisionRecord, decision_id: &str, out: &mut Vec<u8>) {
     let mut line = Obj::open(out);
     own_fields(record, &mut line);
     line.str("decision_id", decision_id);
@@ -123,7 +118,7 @@ pub(super) fn egress_line(
     metrics.close();
     let out = line.key("input");
     match &record.policy {
-        Some(policy) => policy.input.write_json_with(out, memo),
+        Some(policy) => policy.input.write_json_with(out, &record.shared),
         // Writing a Value into a Vec cannot fail.
         None => drop(serde_json::to_writer(&mut *out, &summary_input(record))),
     }

@@ -4,9 +4,8 @@ use proptest::prelude::*;
 use serde::Serialize;
 
 use super::egress_line;
-use crate::decision_log::render::Memo;
 use crate::decision_log::{
-    summary_input, with_input, DecisionRecord, Labels, LoggedEval, LoggedInput,
+    summary_input, with_input, DecisionRecord, Labels, LoggedEval, LoggedInput, SharedObject,
 };
 
 /// The reference: the record through `serde`, as the line was written before it was
@@ -78,7 +77,14 @@ fn reference(record: &DecisionRecord, decision_id: &str) -> Vec<u8> {
 
 fn written(record: &DecisionRecord, decision_id: &str) -> Vec<u8> {
     let mut out = Vec::new();
-    egress_line(record, decision_id, &mut out, Some(&mut Memo::default()));
+    egress_line(record, decision_id, &mut out);
+    // Again: the shared objects are now written from the renderings the first line made.
+    let mut again = Vec::new();
+    egress_line(record, decision_id, &mut again);
+    assert_eq!(
+        out, again,
+        "a shared object's rendering is what it renders to"
+    );
     out
 }
 
@@ -96,7 +102,11 @@ fn one_of(items: &'static [&'static str]) -> impl Strategy<Value = &'static str>
     proptest::sample::select(items)
 }
 
-fn policy() -> impl Strategy<Value = Option<Arc<LoggedEval>>> {
+/// A policy decision, and the objects of its input shared as a tunnel shares them (a
+/// `destination` object, when there is one and it is shared).
+type Policy = (Option<Arc<LoggedEval>>, [Option<Arc<SharedObject>>; 2]);
+
+fn policy() -> impl Strategy<Value = Policy> {
     let result = (
         any::<bool>(),
         proptest::collection::vec(text(), 0..3),
@@ -109,21 +119,28 @@ fn policy() -> impl Strategy<Value = Option<Arc<LoggedEval>>> {
             }
             result
         });
-    proptest::option::of((text(), text(), result).prop_map(|(id, host, result)| {
+    let eval = (text(), text(), result, any::<bool>()).prop_map(|(id, host, result, share)| {
+        let mut destination = regorus::Value::new_object();
+        destination.as_object_mut().unwrap().insert(
+            regorus::Value::from("host"),
+            regorus::Value::from(host.as_str()),
+        );
         let mut input = regorus::Value::new_object();
-        input
-            .as_object_mut()
-            .unwrap()
-            .insert(regorus::Value::from("host"), regorus::Value::from(host));
-        Arc::new(LoggedEval {
+        let fields = input.as_object_mut().unwrap();
+        fields.insert(regorus::Value::from("host"), regorus::Value::from(host));
+        fields.insert(regorus::Value::from("destination"), destination.clone());
+        let eval = Arc::new(LoggedEval {
             decision_id: id,
             input: LoggedInput {
                 value: input,
                 full_argv: false,
             },
             result,
-        })
-    }))
+        });
+        let shared = [share.then(|| SharedObject::new(destination)), None];
+        (Some(eval), shared)
+    });
+    prop_oneof![Just((None, Default::default())), eval]
 }
 
 prop_compose! {
@@ -144,14 +161,14 @@ prop_compose! {
         credentials in proptest::collection::vec(text(), 0..3),
         credential_types in proptest::collection::vec(one_of(&["header", "aws_sigv4"]), 0..3),
         (policy_generation, latency_us) in (any::<u64>(), any::<u64>()),
-        policy in policy(),
+        (policy, shared) in policy(),
         deny_mode in proptest::option::of(one_of(&["in_tunnel", "connect"])),
         credential_notes in proptest::collection::vec(text(), 0..2),
     ) -> DecisionRecord {
         DecisionRecord {
             ts, kind, sandbox, workspace, phase, protocol, host, port, ip, method, path,
             decision, code, reasons, action, credentials, credential_types,
-            policy_generation, latency_us, policy, deny_mode, credential_notes,
+            policy_generation, latency_us, policy, deny_mode, credential_notes, shared,
         }
     }
 }

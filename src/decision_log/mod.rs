@@ -43,6 +43,8 @@ use crate::telemetry::{DecisionEvent, DecisionExport, DECISIONS_QUEUE};
 mod line;
 mod render;
 
+pub use render::SharedObject;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct DecisionRecord {
     pub ts: String,
@@ -87,6 +89,12 @@ pub struct DecisionRecord {
     /// applied, each with why (port, method, path prefix, policy).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub credential_notes: Vec<String>,
+    /// Top-level objects of the policy input that the record's tunnel shares with its other
+    /// requests (its sandbox part, its vetted destination): written from their renderings,
+    /// made once per tunnel ([`SharedObject`]). Unset, or not in the input, they are
+    /// rendered with the rest of it: the line is the same either way.
+    #[serde(skip)]
+    pub shared: [Option<Arc<SharedObject>>; 2],
 }
 
 /// A policy decision whose caller writes the log record itself (the egress proxy): what the
@@ -128,14 +136,14 @@ impl LoggedInput {
     /// Appends the loggable input (as [`LoggedInput::to_json`] makes it) to `out`, in one
     /// pass when [`render`] can, else through the JSON tree.
     pub fn write_json(&self, out: &mut Vec<u8>) {
-        self.write_json_with(out, None);
+        self.write_json_with(out, &[]);
     }
 
-    /// [`LoggedInput::write_json`], with the writer thread's [`render::Memo`] of objects
-    /// shared between inputs.
-    fn write_json_with(&self, out: &mut Vec<u8>, memo: Option<&mut render::Memo>) {
+    /// [`LoggedInput::write_json`], with the top-level objects `shared` holds written from
+    /// their renderings ([`SharedObject`]).
+    fn write_json_with(&self, out: &mut Vec<u8>, shared: &[Option<Arc<SharedObject>>]) {
         let start = out.len();
-        if render::write_input(&self.value, self.full_argv, out, memo).is_err() {
+        if render::write_input(&self.value, self.full_argv, out, shared).is_err() {
             out.truncate(start);
             // Writing a Value into a Vec cannot fail.
             let _ = serde_json::to_writer(&mut *out, &self.to_json());
@@ -240,50 +248,58 @@ enum Logged {
 /// What a record rendered into the writer's buffer is filed under: the ring's fields and
 /// its decision id.
 struct Rendered<'a> {
-    meta: Meta,
+    sandbox: Option<Cow<'a, str>>,
+    workspace: Option<Cow<'a, str>>,
+    layer: &'static str,
+    decision: &'static str,
     decision_id: Cow<'a, str>,
+}
+
+impl Rendered<'_> {
+    fn meta(&self) -> Meta<'_> {
+        Meta {
+            sandbox: self.sandbox.as_deref(),
+            workspace: self.workspace.as_deref(),
+            layer: self.layer,
+            decision: self.decision,
+        }
+    }
 }
 
 impl Logged {
     /// Appends the record's JSON line (without the newline) to `out`, which it leaves as
     /// it found it on an error; says what the ring files it under and its decision id.
-    fn render(
-        &self,
-        out: &mut Vec<u8>,
-        memo: &mut render::Memo,
-    ) -> serde_json::Result<Rendered<'_>> {
+    fn render(&self, out: &mut Vec<u8>) -> serde_json::Result<Rendered<'_>> {
         match self {
             Logged::Egress(r) => {
-                let meta = Meta {
-                    sandbox: r.sandbox.clone(),
-                    workspace: r.workspace.clone(),
+                let decision_id = egress_decision_id(r);
+                line::egress_line(r, &decision_id, out);
+                Ok(Rendered {
+                    sandbox: r.sandbox.as_deref().map(Cow::Borrowed),
+                    workspace: r.workspace.as_deref().map(Cow::Borrowed),
                     layer: "egress",
                     decision: r.decision,
-                };
-                let decision_id = egress_decision_id(r);
-                line::egress_line(r, &decision_id, out, Some(memo));
-                Ok(Rendered { meta, decision_id })
+                    decision_id,
+                })
             }
             Logged::Policy(record) => {
                 let input = &record.input;
-                let meta = Meta {
-                    sandbox: input.text(&["sandbox", "id"]),
-                    // Operation inputs name the workspace at the top; a sandbox's own
-                    // decisions under `sandbox`.
-                    workspace: input
-                        .text(&["sandbox", "workspace"])
-                        .or_else(|| input.text(&["workspace"])),
-                    layer: record.layer,
-                    decision: record.decision,
-                };
                 let start = out.len();
                 if let Err(e) = serde_json::to_writer(&mut *out, record) {
                     out.truncate(start);
                     return Err(e);
                 }
-                append_input(out, start, |out| input.write_json_with(out, Some(memo)));
+                append_input(out, start, |out| input.write_json(out));
                 Ok(Rendered {
-                    meta,
+                    sandbox: input.text(&["sandbox", "id"]).map(Cow::Owned),
+                    // Operation inputs name the workspace at the top; a sandbox's own
+                    // decisions under `sandbox`.
+                    workspace: input
+                        .text(&["sandbox", "workspace"])
+                        .or_else(|| input.text(&["workspace"]))
+                        .map(Cow::Owned),
+                    layer: record.layer,
+                    decision: record.decision,
                     decision_id: Cow::Borrowed(&record.decision_id),
                 })
             }
@@ -392,7 +408,6 @@ impl DecisionLog {
                     export,
                     batch: Vec::new(),
                     scratch: Vec::new(),
-                    memo: render::Memo::default(),
                     queued: Queued::new(),
                 };
                 writer.run(rx);
@@ -460,29 +475,27 @@ impl DecisionLog {
     }
 }
 
-/// Renders an egress record on the calling thread (without the writer's memo, which is the
-/// writer's own) and files it in the ring; the record, its input included, is freed here.
+/// Renders an egress record on the calling thread and files it in the ring; the record, its
+/// input included, is freed here.
 fn file_rendered(ring: &DecisionRing, record: DecisionRecord) {
     thread_local! {
-        /// Where this thread renders (the ring gets a copy allocated to the line's length).
+        /// Where this thread renders (the ring copies the line into its arena).
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let json = SCRATCH.with_borrow_mut(|out| {
+    SCRATCH.with_borrow_mut(|out| {
         out.clear();
-        line::egress_line(&record, &egress_decision_id(&record), out, None);
-        let json = Box::from(out.as_slice());
+        line::egress_line(&record, &egress_decision_id(&record), out);
+        let meta = Meta {
+            sandbox: record.sandbox.as_deref(),
+            workspace: record.workspace.as_deref(),
+            layer: "egress",
+            decision: record.decision,
+        };
+        ring.push(meta, out);
         if out.capacity() > SCRATCH_KEPT {
             *out = Vec::new();
         }
-        json
     });
-    let meta = Meta {
-        sandbox: record.sandbox,
-        workspace: record.workspace,
-        layer: "egress",
-        decision: record.decision,
-    };
-    ring.push(meta, json);
 }
 
 /// Where records are written; `None` for `off`.
@@ -516,7 +529,6 @@ struct Writer {
     batch: Vec<u8>,
     /// Where each record is rendered ([`Writer::keep`]).
     scratch: Vec<u8>,
-    memo: render::Memo,
     queued: Queued,
 }
 
@@ -589,7 +601,6 @@ impl Writer {
             self.queued.set(rx.len());
             empty = if got { 0 } else { empty + 1 };
             if empty >= IDLE_DRAINS {
-                self.memo.clear();
                 return true;
             }
             std::thread::sleep(POLL_EVERY);
@@ -612,22 +623,20 @@ impl Writer {
         }
     }
 
-    /// Renders `record` once, into the writer's own buffer (so a line costs no buffer
-    /// grown by doubling), and hands the same bytes to the export, the sink's batch and the
-    /// ring, which gets a copy allocated to the line's length: the ring bounds its records
-    /// by their length, so a block twice as long (where a doubled buffer ended) would hold
-    /// up to twice the memory its bound says.
+    /// Renders `record` once, into the writer's own buffer, and hands the same bytes to the
+    /// export, the sink's batch and the ring (which copies them into its arena).
     fn keep(&mut self, record: Logged) {
         let mut json = std::mem::take(&mut self.scratch);
         json.clear();
-        if let Ok(Rendered { meta, decision_id }) = record.render(&mut json, &mut self.memo) {
+        if let Ok(rendered) = record.render(&mut json) {
+            let meta = rendered.meta();
             if let Some(export) = &self.export {
                 export.emit(DecisionEvent {
-                    decision_id: &decision_id,
+                    decision_id: &rendered.decision_id,
                     layer: meta.layer,
                     decision: meta.decision,
-                    sandbox: meta.sandbox.as_deref(),
-                    workspace: meta.workspace.as_deref(),
+                    sandbox: meta.sandbox,
+                    workspace: meta.workspace,
                     json: &json,
                 });
             }
@@ -636,7 +645,7 @@ impl Writer {
                 self.batch.push(b'\n');
             }
             if let Some(ring) = &self.ring {
-                ring.push(meta, Box::from(json.as_slice()));
+                ring.push(meta, &json);
             }
         }
         // One very large record does not keep its buffer for the life of the process.
@@ -946,6 +955,7 @@ mod tests {
             })),
             deny_mode: None,
             credential_notes: Vec::new(),
+            shared: Default::default(),
         }
     }
 
@@ -969,8 +979,7 @@ mod tests {
         );
         assert_eq!(direct[0].sandbox.as_deref(), Some("sb-1"));
         assert!(!String::from_utf8_lossy(&direct[0].json).contains("s3cret"));
-        // With a sink, the writer renders it (with its memo): the same bytes, in the file
-        // and in the ring.
+        // With a sink, the writer renders it: the same bytes, in the file and in the ring.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("decisions.jsonl");
         let ring = DecisionRing::new(limits).unwrap();

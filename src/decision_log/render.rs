@@ -18,7 +18,7 @@
 //! [`crate::base::scan::redact`]ed. `render_tests.rs` holds the two paths to the same
 //! document over generated inputs.
 
-use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use regorus::{Rc, Value};
 
@@ -26,17 +26,17 @@ use super::{redact_query, REDACTED, SECRET_KEYS};
 use crate::base::scan;
 
 /// The input has a shape only the general path redacts correctly.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Declined;
 
 /// Appends `input` as redacted JSON to `out`; on [`Declined`], `out` may hold a partial
-/// document and must be truncated by the caller. With a `memo`, the input's top-level
-/// objects are written from it when it has them ([`Memo`]).
+/// document and must be truncated by the caller. A top-level object that one of `shared`
+/// holds is written from that one's rendering ([`SharedObject`]).
 pub(super) fn write_input(
     input: &Value,
     full_argv: bool,
     out: &mut Vec<u8>,
-    memo: Option<&mut Memo>,
+    shared: &[Option<Arc<SharedObject>>],
 ) -> Result<(), Declined> {
     if !full_argv {
         if let Value::Object(fields) = input {
@@ -45,74 +45,79 @@ pub(super) fn write_input(
             }
         }
     }
-    match memo {
-        Some(memo) => write_object(input, out, &mut |key, value, out| match value {
-            Value::Object(_) if !is_secret(key) => memo.write(value, out),
-            _ => write_field(key, value, out),
-        }),
-        None => write_value(input, out),
+    if shared.iter().all(Option::is_none) {
+        return write_value(input, out);
     }
-}
-
-/// Rendered top-level objects of recent inputs, by identity. The parts of an egress input
-/// that describe the sandbox and the destination are built once per tunnel and shared by
-/// every request in it (reference-counted), so each request's record would render the same
-/// objects again: two thirds of an input's bytes. Only objects something else also holds
-/// are kept (a request's own object is never seen again, and would push the shared ones
-/// out). An entry keeps its object alive, so an address in the memo is never a freed and
-/// reused one. At most [`MEMO_SLOTS`] are kept: when full, the entries only the memo still
-/// holds go (their tunnels have closed), and if that frees nothing, all of them.
-/// An object's rendering does not depend on where it appears, once its key is known not
-/// to be one whose value is redacted whole (checked before the memo is asked).
-#[derive(Default)]
-pub(super) struct Memo {
-    entries: HashMap<usize, (Value, Box<[u8]>)>,
-}
-
-/// Enough for the shared objects of about a hundred busy tunnels (two or three each).
-const MEMO_SLOTS: usize = 256;
-
-impl Memo {
-    fn write(&mut self, value: &Value, out: &mut Vec<u8>) -> Result<(), Declined> {
-        let Value::Object(fields) = value else {
-            return write_value(value, out);
+    write_object(input, out, &mut |key, value, out| {
+        let known = match value {
+            Value::Object(_) if !is_secret(key) => shared.iter().flatten().find(|s| s.holds(value)),
+            _ => None,
         };
-        if Rc::strong_count(fields) < 2 {
-            return write_value(value, out);
+        match known {
+            Some(object) => object.write(out),
+            None => write_field(key, value, out),
         }
-        let at = Rc::as_ptr(fields) as usize;
-        if let Some((_, bytes)) = self.entries.get(&at) {
-            out.extend_from_slice(bytes);
-            return Ok(());
-        }
-        let start = out.len();
-        write_value(value, out)?;
-        if self.entries.len() >= MEMO_SLOTS {
-            self.forget_closed();
-        }
-        self.entries
-            .insert(at, (value.clone(), Box::from(&out[start..])));
-        Ok(())
+    })
+}
+
+/// A top-level object of policy inputs that many records share by reference (a tunnel's
+/// sandbox part and its vetted destination, built once per tunnel), with its loggable JSON
+/// rendered once, by the first record written that holds it, and freed with its last
+/// holder: the tunnel, or a record still queued for the writer when the tunnel closed.
+///
+/// Why it is the tunnel's and not a renderer's memo: these objects are two thirds of an
+/// egress input's bytes, and rendering them again for every request was ~6k instructions
+/// of the ~18.5k a record cost its proxy worker (callgrind, keep-alive h1). A memo kept by
+/// whoever renders (the writer thread's, until this) must hold the objects it knows to tell
+/// a live one from a freed address reused, so it kept closed tunnels' objects alive among
+/// the workers' pages, and could not be shared by the workers, which render records
+/// themselves when nothing but the ring reads them. Held by the tunnel, a rendering lives exactly as long as its object.
+///
+/// An object's rendering does not depend on where it appears, once its key is known not to
+/// be one whose value is redacted whole (checked before it is asked).
+pub struct SharedObject {
+    value: Value,
+    json: OnceLock<Result<Box<[u8]>, Declined>>,
+}
+
+impl std::fmt::Debug for SharedObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedObject")
+            .field("rendered", &self.json.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedObject {
+    pub fn new(value: Value) -> Arc<SharedObject> {
+        Arc::new(SharedObject {
+            value,
+            json: OnceLock::new(),
+        })
     }
 
-    /// Lets go of every entry (and the map's room): done when the writer goes idle, so
-    /// the memo never holds the objects of tunnels that closed meanwhile. Those objects
-    /// were allocated by the worker threads among each tunnel's other allocations, so a
-    /// few hundred of them kept alive pin allocator pages that would otherwise go back
-    /// (measured: 10,000 tunnels that each carried a request left RSS +24.9 MiB over its
-    /// level before they opened, against +20.5 MiB with the memo emptied when idle).
-    pub(super) fn clear(&mut self) {
-        self.entries = HashMap::new();
+    /// The object, to put into an input (a reference count, not a copy: that is what
+    /// [`SharedObject::holds`] recognises).
+    pub fn value(&self) -> &Value {
+        &self.value
     }
 
-    fn forget_closed(&mut self) {
-        self.entries.retain(|_, (kept, _)| match kept {
-            Value::Object(fields) => Rc::strong_count(fields) > 1,
+    /// Whether `value` is this very object (identity, not equality: an equal object built
+    /// apart is written on its own).
+    fn holds(&self, value: &Value) -> bool {
+        match (&self.value, value) {
+            (Value::Object(mine), Value::Object(theirs)) => Rc::ptr_eq(mine, theirs),
             _ => false,
-        });
-        if self.entries.len() >= MEMO_SLOTS {
-            self.entries.clear();
         }
+    }
+
+    fn write(&self, out: &mut Vec<u8>) -> Result<(), Declined> {
+        let json = self.json.get_or_init(|| {
+            let mut json = Vec::new();
+            write_value(&self.value, &mut json).map(|()| json.into_boxed_slice())
+        });
+        out.extend_from_slice(json.as_ref().map_err(|&d| d)?);
+        Ok(())
     }
 }
 

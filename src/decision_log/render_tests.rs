@@ -1,14 +1,14 @@
 use proptest::prelude::*;
 use regorus::Value;
 
-use super::{write_input, Declined};
+use super::{write_input, Declined, SharedObject};
 use crate::decision_log::LoggedInput;
 
 const PLACEHOLDER: &str = "sgph_0123456789abcdef0123456789abcdef01234567";
 
 fn rendered(input: &Value, full_argv: bool) -> Result<serde_json::Value, Declined> {
     let mut out = Vec::new();
-    write_input(input, full_argv, &mut out, None)?;
+    write_input(input, full_argv, &mut out, &[])?;
     Ok(serde_json::from_slice(&out).expect("the writer writes JSON"))
 }
 
@@ -184,8 +184,8 @@ proptest! {
 }
 
 /// Objects built once and shared by several inputs (as a tunnel's sandbox and destination
-/// are shared by its requests), under any keys, secret ones included.
-fn shared_inputs() -> impl Strategy<Value = Vec<Value>> {
+/// are shared by its requests), under any keys, secret ones included; and the inputs.
+fn shared_inputs() -> impl Strategy<Value = (Vec<Value>, Vec<Value>)> {
     let parts = prop::collection::vec(
         prop::collection::vec((prop::sample::select(KEYS), value()), 0..4)
             .prop_map(|fields| object(fields.into_iter().collect())),
@@ -195,7 +195,7 @@ fn shared_inputs() -> impl Strategy<Value = Vec<Value>> {
         let n = parts.len();
         let input = prop::collection::vec((prop::sample::select(KEYS), 0..n), 0..4);
         prop::collection::vec(input, 1..8).prop_map(move |inputs| {
-            inputs
+            let inputs = inputs
                 .into_iter()
                 .map(|fields| {
                     object(
@@ -205,81 +205,58 @@ fn shared_inputs() -> impl Strategy<Value = Vec<Value>> {
                             .collect(),
                     )
                 })
-                .collect()
+                .collect();
+            (parts.clone(), inputs)
         })
     })
 }
 
 proptest! {
-    /// Through the writer's memo, every input is written byte for byte as without it (or
-    /// declined as without it), however its objects were shared with earlier inputs.
+    /// With its top-level objects shared, every input is written byte for byte as without
+    /// (or declined as without), the first time each object is rendered and every time after.
     #[test]
-    fn the_memo_writes_what_the_writer_writes(inputs in shared_inputs()) {
-        let mut memo = super::Memo::default();
-        for input in &inputs {
+    fn shared_objects_write_what_the_writer_writes((parts, inputs) in shared_inputs()) {
+        let shared: Vec<_> = parts.iter().map(|p| Some(SharedObject::new(p.clone()))).collect();
+        for input in inputs.iter().chain(&inputs) {
             let mut plain = Vec::new();
-            let plain = write_input(input, false, &mut plain, None).map(|()| plain);
-            let mut memoized = Vec::new();
-            let memoized =
-                write_input(input, false, &mut memoized, Some(&mut memo)).map(|()| memoized);
-            prop_assert_eq!(plain, memoized);
+            let plain = write_input(input, false, &mut plain, &[]).map(|()| plain);
+            let mut reused = Vec::new();
+            let reused = write_input(input, false, &mut reused, &shared).map(|()| reused);
+            prop_assert_eq!(plain, reused);
         }
     }
 }
 
 #[test]
-fn the_memo_serves_shared_objects_only_and_stays_bounded() {
-    let shared = object(vec![("host", Value::from("api.example.com"))]);
-    let mut memo = super::Memo::default();
-    let input = object(vec![("destination", shared.clone())]);
-    let mut first = Vec::new();
-    write_input(&input, false, &mut first, Some(&mut memo)).unwrap();
-    assert_eq!(memo.entries.len(), 1);
-    let mut again = Vec::new();
-    write_input(&input, false, &mut again, Some(&mut memo)).unwrap();
-    assert_eq!(first, again);
-    assert_eq!(
-        memo.entries.len(),
-        1,
-        "served from the memo, not added again"
-    );
-    // An object only the input holds is written, never kept.
-    let own = object(vec![("request", object(vec![("path", Value::from("/"))]))]);
-    write_input(&own, false, &mut Vec::new(), Some(&mut memo)).unwrap();
-    assert_eq!(memo.entries.len(), 1, "a request's own object is not kept");
-    // An equal object built apart is another entry: identity, not equality.
+fn a_shared_object_is_rendered_once_and_serves_only_itself() {
+    let destination = object(vec![("host", Value::from("api.example.com"))]);
+    let shared = [Some(SharedObject::new(destination.clone())), None];
+    let rendered =
+        |s: &[Option<std::sync::Arc<SharedObject>>]| s[0].as_ref().unwrap().json.get().is_some();
+    // An equal object built apart is not this one: written on its own, nothing rendered.
     let twin = object(vec![("host", Value::from("api.example.com"))]);
-    let twin_input = object(vec![("destination", twin.clone())]);
-    write_input(&twin_input, false, &mut Vec::new(), Some(&mut memo)).unwrap();
-    assert_eq!(memo.entries.len(), 2);
-    // Full of objects whose holders are gone: those go, the live ones stay.
-    for i in 0..super::MEMO_SLOTS {
-        let gone = object(vec![("n", Value::from(i as u64))]);
-        let input = object(vec![("d", gone.clone())]);
-        write_input(&input, false, &mut Vec::new(), Some(&mut memo)).unwrap();
-    }
-    assert!(memo.entries.len() <= super::MEMO_SLOTS, "bounded");
-    let mut served = Vec::new();
-    let before = memo.entries.len();
-    write_input(&input, false, &mut served, Some(&mut memo)).unwrap();
-    assert_eq!(served, first);
-    assert_eq!(
-        memo.entries.len(),
-        before,
-        "a live shared object outlived the sweep"
-    );
-    // Full of objects still held elsewhere: the memo starts over rather than grow.
-    let held: Vec<Value> = (0..super::MEMO_SLOTS + 1)
-        .map(|i| object(vec![("n", Value::from(i as u64))]))
-        .collect();
-    for part in &held {
-        let input = object(vec![("d", part.clone())]);
-        write_input(&input, false, &mut Vec::new(), Some(&mut memo)).unwrap();
-    }
-    assert!(memo.entries.len() <= super::MEMO_SLOTS, "bounded");
-    memo.clear();
-    assert!(memo.entries.is_empty(), "cleared when the writer goes idle");
-    let mut after = Vec::new();
-    write_input(&input, false, &mut after, Some(&mut memo)).unwrap();
-    assert_eq!(after, first, "and written the same afterwards");
+    let mut apart = Vec::new();
+    write_input(
+        &object(vec![("destination", twin)]),
+        false,
+        &mut apart,
+        &shared,
+    )
+    .unwrap();
+    assert!(!rendered(&shared), "identity, not equality");
+    // Under a key whose value is redacted whole, it is redacted, not rendered.
+    let mut secret = Vec::new();
+    let input = object(vec![("authorization", destination.clone())]);
+    write_input(&input, false, &mut secret, &shared).unwrap();
+    assert!(String::from_utf8_lossy(&secret).contains("[redacted]"));
+    assert!(!rendered(&shared));
+    // Under any other key, rendered once and then written from its rendering.
+    let input = object(vec![("destination", destination)]);
+    let mut first = Vec::new();
+    write_input(&input, false, &mut first, &shared).unwrap();
+    assert!(rendered(&shared));
+    assert_eq!(first, apart, "the same document as the object built apart");
+    let mut again = Vec::new();
+    write_input(&input, false, &mut again, &shared).unwrap();
+    assert_eq!(again, first);
 }

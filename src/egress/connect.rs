@@ -272,7 +272,7 @@ fn refuse(
 fn evaluate_connect(state: &EgressState, target: &Target, ips: &[IpAddr]) -> Decision {
     let input = egress_input(
         "connect",
-        target.sandbox.clone(),
+        target.sandbox.value().clone(),
         destination_value(&Destination {
             host: &target.host,
             port: target.port,

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::state::EgressState;
 use super::target::Target;
 use crate::credentials::scan;
-use crate::decision_log::{now_rfc3339, redact_query, DecisionRecord, LoggedEval};
+use crate::decision_log::{now_rfc3339, redact_query, DecisionRecord, LoggedEval, SharedObject};
 use crate::error::{Blame, Details, Error, Kind};
 use crate::net::ResolveError;
 use crate::policy::{Decision, Layer};
@@ -37,6 +37,9 @@ pub(crate) struct Outcome {
     /// Workspace credentials for this host that were not applied, and why (see
     /// [`crate::credentials::notes`]).
     pub credential_notes: Vec<String>,
+    /// The tunnel's vetted destination, which the policy input may share (see
+    /// [`SharedObject`]).
+    pub destination: Option<Arc<SharedObject>>,
 }
 
 impl Outcome {
@@ -62,6 +65,7 @@ impl Outcome {
             policy: None,
             deny_mode: None,
             credential_notes: Vec::new(),
+            destination: None,
         }
     }
 
@@ -128,6 +132,7 @@ pub(crate) fn record(state: &EgressState, target: &Target, outcome: Outcome, sta
         policy: outcome.policy,
         deny_mode: outcome.deny_mode,
         credential_notes: outcome.credential_notes.into_iter().map(loggable).collect(),
+        shared: [Some(target.sandbox.clone()), outcome.destination],
     });
 }
 
@@ -178,6 +183,7 @@ pub(crate) fn record_unidentified(
         policy: None,
         deny_mode: None,
         credential_notes: Vec::new(),
+        shared: Default::default(),
     });
 }
 

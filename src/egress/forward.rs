@@ -50,6 +50,7 @@ use crate::credentials::apply::{
     apply, credentialed_destination, Applied, AwsSigning, RequestView,
 };
 use crate::credentials::scrub::scrub_headers;
+use crate::decision_log::SharedObject;
 use crate::error::{Blame, Details, Error, Kind};
 use crate::policy::input::{
     destination_value, egress_input, request_value, Destination, RequestFacts,
@@ -61,7 +62,8 @@ use crate::policy::input::{
 /// dial exactly those addresses.
 pub(crate) struct Vetted {
     pub ips: Arc<[IpAddr]>,
-    pub destination: regorus::Value,
+    /// Also rendered for the decision log once per tunnel ([`SharedObject`]).
+    pub destination: Arc<SharedObject>,
     pub upstream: Arc<UpstreamPair>,
 }
 
@@ -72,12 +74,12 @@ impl Vetted {
         scheme: &'static str,
         ips: Arc<[IpAddr]>,
     ) -> Vetted {
-        let destination = destination_value(&Destination {
+        let destination = SharedObject::new(destination_value(&Destination {
             host: &target.host,
             port: target.port,
             ips: &ips,
             scheme,
-        });
+        }));
         let upstream = state.upstreams.for_addrs(&ips, target.port);
         Vetted {
             ips,
@@ -122,8 +124,9 @@ struct Ctx {
 impl Ctx {
     /// Writes the decision record (once: later calls write nothing).
     fn record(&mut self) {
-        let outcome = std::mem::replace(&mut self.outcome, Outcome::new("", "", "", None));
+        let mut outcome = std::mem::replace(&mut self.outcome, Outcome::new("", "", "", None));
         if !outcome.phase.is_empty() {
+            outcome.destination = self.vetted.as_ref().map(|v| v.destination.clone());
             record(&self.state, &self.target, outcome, self.started);
         }
     }
@@ -240,8 +243,8 @@ async fn request_policy(ctx: &mut Ctx, req: &Request<Incoming>) -> Phase<regorus
         && by_address::ask_again_with_addresses(&ctx.target.identity, literal, &decision)
     {
         let vetted = resolve(ctx).await?;
-        decision = evaluate_request(ctx, req, vetted.destination.clone());
-        vetted.destination.clone()
+        decision = evaluate_request(ctx, req, vetted.destination.value().clone());
+        vetted.destination.value().clone()
     } else {
         destination
     };
@@ -258,7 +261,7 @@ async fn request_policy(ctx: &mut Ctx, req: &Request<Incoming>) -> Phase<regorus
 /// vetted addresses, an IP literal's own, or none.
 fn destination_so_far(ctx: &Ctx, literal: Option<IpAddr>) -> regorus::Value {
     match &ctx.vetted {
-        Some(v) => v.destination.clone(),
+        Some(v) => v.destination.value().clone(),
         None => {
             let ips: Vec<IpAddr> = literal.into_iter().collect();
             destination_value(&Destination {
@@ -278,7 +281,7 @@ fn evaluate_request(
 ) -> crate::policy::Decision {
     let input = egress_input(
         "request",
-        ctx.target.sandbox.clone(),
+        ctx.target.sandbox.value().clone(),
         destination,
         Some(request_value(&RequestFacts {
             method: websocket::forwarded_method(req),
@@ -325,7 +328,7 @@ async fn credentials(
         scheme: ctx.scheme,
         method: parts.method.as_str(),
         destination,
-        sandbox: ctx.target.sandbox.clone(),
+        sandbox: ctx.target.sandbox.value().clone(),
     };
     if let Some(why) = ctx.ambiguous {
         if credentialed_destination(&state.credentials, identity, &view) {

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::decision_log::SharedObject;
 use crate::identity::Identity;
 use crate::policy::input::sandbox_value;
 
@@ -16,8 +17,9 @@ pub(crate) struct Target {
     pub authority: String,
     /// [`Self::authority`] parsed once per tunnel, for [`Self::upstream_uri`].
     uri_authority: Option<http::uri::Authority>,
-    /// The sandbox part of every policy input, built once per tunnel.
-    pub sandbox: regorus::Value,
+    /// The sandbox part of every policy input, built once per tunnel (and rendered for the
+    /// decision log once per tunnel).
+    pub sandbox: Arc<SharedObject>,
 }
 
 impl Target {
@@ -27,7 +29,7 @@ impl Target {
         } else {
             format!("{host}:{port}")
         };
-        let sandbox = sandbox_value(&identity);
+        let sandbox = SharedObject::new(sandbox_value(&identity));
         let uri_authority = authority.parse().ok();
         Target {
             identity,
