@@ -10,9 +10,10 @@
 # divided by N2 - N1, so start-up, the CONNECT and both TLS handshakes cancel out. Background
 # work that runs on a timer (the store's change-feed poll, the policy directory's reload poll)
 # does not: under callgrind the larger run lasts longer, so it also counts more of those. The
-# second figure counts only the threads requests drive (the proxy's workers and the decision
-# log's writer), which is the one to compare a request-path change by. The per-function split
-# of the larger run is left in OUT/.
+# second figure counts only the busiest thread (callgrind counts each thread apart): the proxy
+# worker that served the tunnel, which is the one to compare a request-path change by. The
+# per-thread totals are left in OUT/threads-N1 and OUT/threads-N2, the per-function split of
+# each thread in the larger run in OUT/ (callgrind_annotate on the largest file).
 #
 # usage: benches/callgrind-egress.sh [SANDGATE_BIN] [OUT_DIR]
 #   env: N1 (default 500), N2 (default 2500), HTTP (1.1 or 2; default 1.1)
@@ -95,7 +96,7 @@ workspace = "bench"
 allow_domains = ["$HOST"]
 EOF
 
-valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.out.%p" \
+valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$OUT/callgrind.out.%p" \
   "$BIN" serve --config sandgate.toml > sandgate.out 2> sandgate.err &
 pids+=($!)
 VG=$!
@@ -111,29 +112,28 @@ run() { # $1 = requests; prints the instructions counted while curl ran them
     --resolve "$HOST:$PORT:127.0.0.1" --cacert sandgate-certs/ca.pem -K urls.txt
   callgrind_control -d "run-$1" "$VG" >/dev/null
   sleep 1
-  # The newest dump is this run's (dumps are numbered callgrind.out.PID.N).
-  local f
+  # This run's dump: one file per thread (callgrind.out.PID.N-TT, --separate-threads), the
+  # newest N. Each thread's total goes to threads-REQUESTS, and their sum is printed.
+  local f stem t
   f=$(ls -t "$OUT"/callgrind.out.*.* | head -1)
-  grep -m1 '^totals:' "$f" | awk '{print $2}'
-  # The request-driven threads' share, from their entry points' inclusive counts. A proxy
-  # worker's entry is named after egress/workers.rs or, depending on what the compiler
-  # inlined into it, after tokio's runtime/context.rs or runtime/scheduler/current_thread
-  # (its block_on: the workers are the only current-thread runtimes); no other thread
-  # starts there.
-  callgrind_annotate --inclusive=yes "$f" 2>/dev/null \
-    | grep -E '(egress/workers.rs|tokio-[0-9.]+/src/runtime/(context.rs|scheduler/current_thread/mod.rs)|decision_log[^:]*):std::sys::backtrace::__rust_begin_short_backtrace' \
-    | grep -v '=>' | awk '{gsub(",", "", $1); s += $1} END {print s + 0}' > "$f.request-threads"
-  cp "$f.request-threads" "$OUT/last.request-threads"
+  stem=${f%-*}
+  for t in "$stem"-*; do
+    printf '%s %s\n' "${t##*-}" "$(grep -m1 '^totals:' "$t" | awk '{print $2}')"
+  done > "$OUT/threads-$1"
+  awk '{s += $2} END {print s + 0}' "$OUT/threads-$1"
 }
 # A warm-up so lazily built state (leaf cache, upstream pool, policy) is not in either count.
 run 20 >/dev/null
 I1=$(run "$N1")
-R1=$(cat "$OUT/last.request-threads")
 I2=$(run "$N2")
-R2=$(cat "$OUT/last.request-threads")
 per=$(( (I2 - I1) / (N2 - N1) ))
-per_request_threads=$(( (R2 - R1) / (N2 - N1) ))
+# The busiest thread of each run: the proxy worker serving that run's tunnel (each run is a
+# new tunnel, which may land on another worker than the last).
+busiest() { sort -k2 -n "$OUT/threads-$1" | tail -1; }
+read -r T1 B1 < <(busiest "$N1")
+read -r T2 B2 < <(busiest "$N2")
+busiest=$(( (B2 - B1) / (N2 - N1) ))
 echo "sandgate $(basename "$BIN"), HTTP/$HTTP keep-alive: $N1 requests $I1 Ir, $N2 requests $I2 Ir"
 echo "per request: $per instructions (difference / $((N2 - N1)))"
-echo "per request, request-driven threads only (proxy workers + decision-log writer): $per_request_threads instructions"
-echo "profile of the $N2-request run: callgrind_annotate \$(ls -t $OUT/callgrind.out.*.* | head -1)"
+echo "per request, the busiest thread only (the proxy worker serving the tunnel; threads $T1 and $T2): $busiest instructions"
+echo "profile of that worker in the $N2-request run: callgrind_annotate $(ls -t "$OUT"/callgrind.out.*.*-"$T2" | head -1)"
