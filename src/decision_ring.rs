@@ -54,7 +54,8 @@ pub struct Stored {
 
 impl Stored {
     /// What the record counted against the byte bound while the ring held it.
-    pub fn cost(&self) -> usize {
+    #[cfg(test)]
+    fn cost(&self) -> usize {
         cost(
             self.sandbox.as_deref(),
             self.workspace.as_deref(),
@@ -89,19 +90,7 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn matches(&self, r: &Stored) -> bool {
-        self.matches_fields(
-            &Meta {
-                sandbox: r.sandbox.as_deref(),
-                workspace: r.workspace.as_deref(),
-                layer: r.layer,
-                decision: r.decision,
-            },
-            r.at_ms,
-        )
-    }
-
-    fn matches_fields(&self, r: &Meta<'_>, at_ms: u64) -> bool {
+    fn matches(&self, r: &Meta<'_>, at_ms: u64) -> bool {
         let same = |want: &Option<String>, have: Option<&str>| {
             want.as_deref().is_none_or(|w| have == Some(w))
         };
@@ -143,8 +132,10 @@ struct Slot {
 }
 
 impl Slot {
-    fn len(&self) -> u64 {
-        u64::from(self.sandbox.unwrap_or(0) + self.workspace.unwrap_or(0) + self.json)
+    /// What it counts against the byte bound (as [`cost`] counted it when pushed).
+    fn cost(&self) -> usize {
+        RECORD_OVERHEAD
+            + (self.sandbox.unwrap_or(0) + self.workspace.unwrap_or(0) + self.json) as usize
     }
 }
 
@@ -264,13 +255,9 @@ impl Inner {
         })
     }
 
-    fn slot_cost(&self, slot: &Slot) -> usize {
-        RECORD_OVERHEAD + slot.len() as usize
-    }
-
     fn evict(&mut self) {
         if let Some(old) = self.slots.pop_front() {
-            self.bytes -= self.slot_cost(&old);
+            self.bytes -= old.cost();
             self.evicted_max = old.seq;
         }
     }
@@ -407,7 +394,7 @@ impl DecisionRing {
         let mut found = Vec::new();
         let mut more = false;
         for slot in inner.slots.range(..end).rev() {
-            if !filter.matches_fields(&inner.meta(slot), slot.at_ms) {
+            if !filter.matches(&inner.meta(slot), slot.at_ms) {
                 continue;
             }
             if found.len() == limit {
@@ -436,7 +423,7 @@ impl DecisionRing {
         while records.len() < max {
             let Some(slot) = rest.next() else { break };
             last = slot.seq;
-            if filter.matches_fields(&inner.meta(slot), slot.at_ms) {
+            if filter.matches(&inner.meta(slot), slot.at_ms) {
                 records.push(inner.copy(slot));
             }
         }

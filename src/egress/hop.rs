@@ -37,14 +37,7 @@ fn strip_named(headers: &mut HeaderMap, keep_upgrade: bool) {
             v.split(',')
                 .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
         });
-    for name in [
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-        header::TE,
-        header::TRANSFER_ENCODING,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ] {
+    for name in REMOVED {
         headers.remove(name);
     }
     if te_trailers {
@@ -58,20 +51,20 @@ fn strip_named(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// The headers [`strip_named`] always removes (`TE: trailers` is put back).
+const REMOVED: [HeaderName; 6] = [
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
+
 /// A header [`strip_hop_by_hop`] removes or rewrites whatever it holds (those a Connection
 /// header names aside: with no Connection header, there are none).
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    [
-        header::CONNECTION,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-        header::TE,
-        header::TRANSFER_ENCODING,
-    ]
-    .contains(name)
-        || name == "keep-alive"
-        || name == "proxy-connection"
+    name == header::CONNECTION || name == header::UPGRADE || REMOVED.contains(name)
 }
 
 /// Host and `:authority` must name the CONNECT/URI destination: a request that names another
