@@ -351,11 +351,17 @@ impl IdentityRegistry {
     /// token is refused without a lookup.
     pub async fn authenticate_or_look_up(&self, header: Option<&[u8]>) -> Option<Arc<Identity>> {
         let (id, token) = parse_basic(header?)?;
-        if let Some(identity) = self.verify(&id, &token) {
-            return Some(identity);
-        }
+        // One read of the map decides both questions: checking the token and then, apart,
+        // whether the id is known would refuse a sandbox whose identity the change feed
+        // registered between the two reads (it was unknown to the first, known to the
+        // second, and never looked up).
+        let known = match self.check(&id, &token) {
+            Check::Valid(identity) => return Some(identity),
+            Check::WrongToken => true,
+            Check::Unknown => false,
+        };
         let lookup = self.lookup.get()?;
-        if self.get(&id).is_some() {
+        if known {
             return None;
         }
         match lookup.look_up(&id).await {
@@ -366,6 +372,14 @@ impl IdentityRegistry {
 
     /// The identity `id` if `token` is its token.
     fn verify(&self, id: &str, token: &[u8]) -> Option<Arc<Identity>> {
+        match self.check(id, token) {
+            Check::Valid(identity) => Some(identity),
+            Check::WrongToken | Check::Unknown => None,
+        }
+    }
+
+    /// Whether `token` is the token of `id`, from one read of the identity map.
+    fn check(&self, id: &str, token: &[u8]) -> Check {
         let found = {
             let map = self.by_id.read().unwrap_or_else(|e| e.into_inner());
             map.get(id).cloned()
@@ -378,10 +392,18 @@ impl IdentityRegistry {
         let expected: &[u8] = found.as_ref().map(|i| i.token.as_slice()).unwrap_or(&DUMMY);
         let equal: bool = expected.ct_eq(token).into();
         match found {
-            Some(identity) if equal => Some(identity),
-            _ => None,
+            Some(identity) if equal => Check::Valid(identity),
+            Some(_) => Check::WrongToken,
+            None => Check::Unknown,
         }
     }
+}
+
+/// What one read of the identity map says about an id and a token.
+enum Check {
+    Valid(Arc<Identity>),
+    WrongToken,
+    Unknown,
 }
 
 fn parse_basic(header: &[u8]) -> Option<(String, Vec<u8>)> {
