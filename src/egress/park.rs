@@ -174,7 +174,8 @@ where
         let Some(parts) = conn.into_parts() else {
             return;
         };
-        metrics::counter!("sandgate_proxy_tunnel_parks_total").increment(1);
+        metrics::counter!("sandgate_proxy_tunnel_parks_total", "protocol" => "http/1.1")
+            .increment(1);
         io = parts.io.into_inner();
         if !parts.read_buf.is_empty() {
             // A copy, so hyper's whole read buffer is not kept alive by a few bytes.

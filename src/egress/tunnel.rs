@@ -18,9 +18,9 @@ use super::decision::{record, Outcome};
 use super::forward::{self, Vetted};
 use super::io::PrefixedIo;
 use super::limits::Hold;
-use super::park;
 use super::state::{next_request_id, EgressState};
 use super::target::Target;
+use super::{park, park_h2};
 use crate::error::{Error, Kind};
 
 /// Runs a tunnel until it ends, reaches `tunnel_max_secs`, or its identity is revoked:
@@ -220,8 +220,8 @@ fn server_config_for(
 }
 
 /// Serves requests on a terminated tunnel: h2 when `h2` (what TLS negotiated, or a plain
-/// h2 prior-knowledge preface), else HTTP/1.1 in bursts ([`park`]: an idle tunnel holds no
-/// HTTP buffers).
+/// h2 prior-knowledge preface), else HTTP/1.1; both in bursts ([`park`], [`park_h2`]: an
+/// idle tunnel holds no HTTP state).
 async fn serve_http<T>(
     state: Arc<EgressState>,
     target: Arc<Target>,
@@ -259,15 +259,15 @@ async fn serve_http<T>(
         .timer(TokioTimer::new())
         .max_header_list_size(max_header_bytes as u32)
         .max_concurrent_streams(256)
+        .initial_connection_window_size(park_h2::CONN_WINDOW)
+        // The client indexes no header, so an idle connection can be taken apart and built
+        // again without the client's HPACK table (`park_h2`).
+        .header_table_size(0)
         // RFC 8441: WebSockets over h2 streams (translated to HTTP/1.1 upstream).
         .enable_connect_protocol();
     let service = hyper::service::service_fn(move |req| {
         let answer = handle(req);
         async move { Ok::<_, std::convert::Infallible>(answer.await) }
     });
-    // Boxed, so the h2 connection's state is not inline in every tunnel's task.
-    let conn = Box::pin(builder.serve_connection(TokioIo::new(io), service));
-    if let Err(e) = conn.await {
-        tracing::debug!(error = %e, "intercepted connection ended with an error");
-    }
+    park_h2::serve(io, builder, idle, service).await;
 }

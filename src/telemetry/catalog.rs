@@ -142,7 +142,7 @@ pub const FAMILIES: &[Family] = &[
     counter("sandgate_proxy_connections_shed_total", "Proxy connections closed at accept because max_connections was reached."),
     gauge("sandgate_proxy_tunnels_active", "CONNECT tunnels open."),
     gauge("sandgate_proxy_tunnels_parked", "Idle tunnels parked (holding no worker task state)."),
-    counter("sandgate_proxy_tunnel_parks_total", "Idle tunnels parked."),
+    labelled("sandgate_proxy_tunnel_parks_total", Counter, "Idle tunnels parked, by the protocol served in them.", &["protocol"], &[&["http/1.1", "h2"]]),
     counter("sandgate_proxy_tunnels_revoked_total", "Open tunnels cut because their sandbox or credential was revoked."),
     labelled("sandgate_proxy_tunnels_refused_total", Counter, "CONNECT tunnels refused by a limit.", &["limit"], &[&["per_identity"]]),
     counter("sandgate_proxy_panics_total", "Proxy connection tasks that panicked (the connection is closed, the proxy goes on)."),

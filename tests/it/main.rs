@@ -76,4 +76,5 @@ mod store;
 mod suggest;
 mod telemetry;
 mod tunnel_park;
+mod tunnel_park_h2;
 mod vercel_fake;
