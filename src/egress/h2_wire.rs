@@ -92,8 +92,8 @@ impl Head {
 enum Piece<'a> {
     /// A frame head.
     Head(Head),
-    /// Bytes of the current frame's payload (never split across frames).
-    Payload(&'a [u8]),
+    /// Bytes of the payload of the frame with this head (never split across frames).
+    Payload(Head, &'a [u8]),
     /// The current frame has ended.
     End(Head),
 }
@@ -134,7 +134,7 @@ impl Splitter {
                 }
                 Some(head) => {
                     let n = (self.left as usize).min(bytes.len());
-                    on(Piece::Payload(&bytes[..n]));
+                    on(Piece::Payload(head, &bytes[..n]));
                     bytes = &bytes[n..];
                     self.left -= n as u32;
                     if self.left == 0 {
@@ -281,7 +281,9 @@ impl Wire {
             let left = bytes.len() - r;
             if self.filter_pass > 0 {
                 let k = (self.filter_pass as usize).min(left);
-                bytes.copy_within(r..r + k, w);
+                if r != w {
+                    bytes.copy_within(r..r + k, w);
+                }
                 (r, w) = (r + k, w + k);
                 self.filter_pass -= k as u32;
             } else if self.filter_drop > 0 {
@@ -332,19 +334,10 @@ impl Wire {
             field,
             in_block,
         } = &mut side;
-        let mut current = None;
         split.feed(bytes, &mut |piece| match piece {
-            Piece::Head(head) => {
-                current = Some(head);
-                self.head(dir, head, in_block);
-            }
-            Piece::Payload(payload) => {
-                if let Some(head) = current {
-                    self.payload(dir, head, payload, field);
-                }
-            }
+            Piece::Head(head) => self.head(dir, head, in_block),
+            Piece::Payload(head, payload) => self.payload(dir, head, payload, field),
             Piece::End(head) => {
-                current = None;
                 if field.have != 0 {
                     // A payload that is not a whole number of fields: h2 refuses it.
                     field.have = 0;

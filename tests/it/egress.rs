@@ -978,13 +978,15 @@ async fn a_policy_file_rewritten_in_place_under_load_is_never_served_half_writte
             std::thread::sleep(Duration::from_millis(20));
             file.write_all(b"complete := true\n").unwrap();
             drop(file);
-            std::thread::sleep(Duration::from_millis(250));
+            // Each complete version stays long enough to be loaded on a busy machine (a
+            // load needs the files unchanged over two polls and the build).
+            std::thread::sleep(Duration::from_millis(600));
             n += 1;
         }
     });
     let client = gw.client("sb-a", false);
     let url = format!("https://api.a.test:{}/", origin.port());
-    let deadline = std::time::Instant::now() + Duration::from_secs(4);
+    let deadline = std::time::Instant::now() + Duration::from_secs(6);
     let mut served = 0;
     while std::time::Instant::now() < deadline {
         let response = client.get(&url).send().await.unwrap();
