@@ -13,7 +13,7 @@ use crate::common::*;
 
 /// Polls until the gateway has parked `parks` bursts in all (a deadline, never a sleep the
 /// outcome depends on).
-async fn wait_parks(gw: &Gateway, parks: f64) {
+pub(crate) async fn wait_parks(gw: &Gateway, parks: f64) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let seen = gw.metric("sandgate_proxy_tunnel_parks_total").await;
@@ -28,13 +28,13 @@ async fn wait_parks(gw: &Gateway, parks: f64) {
     }
 }
 
-struct Setup {
-    gw: Gateway,
-    origin: Origin,
+pub(crate) struct Setup {
+    pub(crate) gw: Gateway,
+    pub(crate) origin: Origin,
     _ca: TestCa,
 }
 
-async fn setup(proxy_toml: &str) -> Setup {
+pub(crate) async fn setup(proxy_toml: &str) -> Setup {
     init();
     let ca = TestCa::new();
     let origin = start_origin(Some(ca.server_config(&["api.a.test"]))).await;

@@ -14,44 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::common::*;
-
-async fn wait_parks(gw: &Gateway, parks: f64) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let seen = gw.metric("sandgate_proxy_tunnel_parks_total").await;
-        if seen >= parks {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the h2 tunnel never parked ({seen} parks, waited for {parks})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-struct Setup {
-    gw: Gateway,
-    origin: Origin,
-    _ca: TestCa,
-}
-
-async fn setup(proxy_toml: &str) -> Setup {
-    init();
-    let ca = TestCa::new();
-    let origin = start_origin(Some(ca.server_config(&["api.a.test"]))).await;
-    let gw = Gateway::start(GatewayOptions {
-        upstream_ca: Some(ca.pem_path.clone()),
-        proxy_toml: proxy_toml.to_string(),
-        ..Default::default()
-    })
-    .await;
-    Setup {
-        gw,
-        origin,
-        _ca: ca,
-    }
-}
+use crate::tunnel_park::{setup, wait_parks, Setup};
 
 type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
 
