@@ -14,6 +14,11 @@
 //!   listeners stay on the main runtime.
 //! - Stopping (`Workers::stop`, or dropping them) stops accepting on every worker, then each
 //!   worker's runtime is shut down, which closes its connections.
+//! - Memory: when the binary sets a release hook ([`set_memory_release`]), each worker calls
+//!   it on its own thread every [`RELEASE_EVERY`]. Why on the worker: an allocator with
+//!   thread-local heaps (mimalloc) collects a heap only from the thread that owns it, and a
+//!   worker's heap is where its tunnels allocated; once they close and the worker is idle,
+//!   nothing else would ask it to give pages back.
 //!
 //! Why not the work-stealing runtime the rest of sandgate uses: there, a proxied request
 //! moves between threads at each handoff (client connection task → upstream connection task
@@ -22,7 +27,7 @@
 //! with two work-stealing workers against 19 µs with the work on one thread, and +230 µs
 //! median latency at moderate load where an opaque tunnel adds +40 µs.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -30,6 +35,31 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::state::EgressState;
+
+/// How often a worker runs the memory release hook.
+pub const RELEASE_EVERY: Duration = Duration::from_secs(1);
+
+static MEMORY_RELEASE: OnceLock<fn()> = OnceLock::new();
+
+/// Sets what a worker calls, on its own thread, to hand its free memory back to the OS
+/// (the binary's allocator; the library does not choose one). Set once, before the workers
+/// start; later calls are ignored.
+pub fn set_memory_release(release: fn()) {
+    let _ = MEMORY_RELEASE.set(release);
+}
+
+/// Runs the release hook every [`RELEASE_EVERY`] on this worker, when one is set.
+async fn release_memory() {
+    let Some(release) = MEMORY_RELEASE.get().copied() else {
+        return std::future::pending().await;
+    };
+    let mut tick = tokio::time::interval(RELEASE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        release();
+    }
+}
 
 /// How many workers `configured` means on this machine.
 pub fn count(configured: usize) -> usize {
@@ -83,6 +113,7 @@ pub fn start(
                     };
                     tokio::select! {
                         () = super::accept::serve(listener, state) => {}
+                        () = release_memory() => {}
                         _ = stopped.wait_for(|stop| *stop) => {}
                     }
                 });

@@ -4,6 +4,10 @@
 //! timeout, the header-read timeout against a client that dribbles its request head, and the
 //! revocation of the tunnel's identity. Each test first sees the tunnel parked in the
 //! gateway's own metrics, so none passes without a park having happened.
+//!
+//! What a park frees goes back to the OS only when the thread that allocated it asks its
+//! allocator: the last test holds each proxy worker to calling the binary's release hook on
+//! its own thread.
 
 use std::time::{Duration, Instant};
 
@@ -211,5 +215,39 @@ async fn revoking_an_identity_ends_its_parked_tunnels_at_once() {
         );
     }
     assert_eq!(s.gw.metric("sandgate_proxy_tunnels_parked").await, 0.0);
+    s.gw.server.shutdown();
+}
+
+/// Names of the threads that called the release hook set below.
+static RELEASED_ON: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn record_release() {
+    let name = std::thread::current().name().unwrap_or("").to_string();
+    RELEASED_ON.lock().unwrap().push(name);
+}
+
+#[tokio::test]
+async fn every_proxy_worker_calls_the_memory_release_hook_on_its_own_thread() {
+    // Process-wide, as the binary sets it. Other tests' workers call it too, which only adds
+    // names; the hook is never called by a thread that is not a proxy worker.
+    sandgate::egress::workers::set_memory_release(record_release);
+    let s = setup("workers = 2\n").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let wanted = ["proxy-worker-0", "proxy-worker-1"];
+    loop {
+        let seen = RELEASED_ON.lock().unwrap().clone();
+        if wanted.iter().all(|w| seen.iter().any(|n| n == w)) {
+            assert!(
+                seen.iter().all(|n| n.starts_with("proxy-worker-")),
+                "the release hook ran on a thread that is not a proxy worker: {seen:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every worker called the release hook within 5 s (seen on {seen:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     s.gw.server.shutdown();
 }
