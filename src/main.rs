@@ -45,10 +45,11 @@ fn spawn_memory_release() {
         });
 }
 
-/// A proxy worker's collection of its own heap, forced. Why forced: an unforced collection
-/// skips the pages mimalloc keeps as full, and a page filled while tunnels were open stays
-/// in that queue when its blocks are freed later (from another thread, or with the worker
-/// idle), until the worker allocates from it again. Measured (`idle-tunnels`, 10,000 h2
+/// A proxy worker's collection of its own heap, forced. Why forced: in mimalloc v3
+/// (`theap.c`), an unforced collection does not visit the pages it keeps as full, and a full
+/// page whose blocks another thread freed stays there until its owner allocates from it or
+/// visits it; an idle worker does neither. That is the reading of the allocator's source the
+/// figures fit, not something observed inside the heap. Measured (`idle-tunnels`, 10,000 h2
 /// tunnels, RSS 10 s after they closed over its level before; benches/README.md,
 /// 2026-12-08): +8.0, +8.1, +8.7, +15.6 MiB in four runs with this, against +8.4 to +21.2
 /// MiB (two of eleven over 20) without; an unforced collection on the worker gave +15.2 and
